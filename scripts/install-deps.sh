@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every Debian package gmux needs to build, test, benchmark and run its demos.
+# Idempotent; safe to run on a fresh Debian 12 machine as root (or with sudo available).
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git
+  # core / sim / CLI
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
+  # tests and benchmarks
+  googletest libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
+  # plots
+  gnuplot-nox
+  # runtime: OpenCL loader, headers, PoCL, wire schema, networking, ledger, metrics
+  ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers pocl-opencl-icd
+  clinfo clpeak
+  capnproto libcapnp-dev libasio-dev libsqlite3-dev libcpp-httplib-dev
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+else
+  echo "install-deps: all packages present"
+fi

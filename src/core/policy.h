@@ -1,0 +1,84 @@
+// Policy: the interface every command-block scheduler in gmux implements.
+//
+// A Policy owns one V-channel (FIFO of pending blocks) per tenant and decides which tenant's
+// head block (or which chunk of it) the device runs next. It is pure: no I/O, no threads, no
+// clock reads; every call receives the current time. The same object is driven by the simulator
+// (sim/) and by the daemon's scheduler thread, which is its only caller (not thread-safe).
+//
+// Contract, for every implementation:
+//   - Per-tenant order: blocks of one tenant are dispatched in Submit() order; a split block's
+//     chunks are dispatched in ascending, contiguous ranges, and no later block of that tenant is
+//     dispatched before the block's last chunk.
+//   - Every submitted block is dispatched exactly once in total (all its chunks cover
+//     [0, work_items) exactly), unless its tenant is removed first.
+//   - Pick() returning nullopt while work is pending means the policy is deliberately holding
+//     work back (credits exhausted, a throttled round); the driver calls Pick() again after the
+//     next event or at NextTimer().
+//   - The driver calls Pick() only when the device can accept work; a returned Dispatch is
+//     committed (the policy counts it in flight until Complete()).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "core/model.h"
+
+namespace gmux::core {
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+
+  // Short name as used in configs and JSON ("fifo", "rr", "credit", "split").
+  virtual std::string_view name() const = 0;
+
+  // A tenant joins. Precondition: id not present. Weight must be > 0.
+  virtual void AddTenant(const Tenant& tenant, TimePoint now) = 0;
+
+  // A tenant leaves; its pending blocks are dropped (in-flight ones may still Complete()).
+  virtual void RemoveTenant(TenantId tenant, TimePoint now) = 0;
+
+  // A block arrives on its tenant's V-channel. Precondition: the tenant was added; block.id
+  // unique. Blocks of one tenant arrive in that tenant's order.
+  virtual void Submit(const CommandBlock& block, TimePoint now) = 0;
+
+  // A dispatch (a whole block or one chunk) finished with the measured device time.
+  virtual void Complete(const Completion& done, TimePoint now) = 0;
+
+  // Periodic call so time-driven rules (replenishment intervals) can act without an event.
+  virtual void Tick(TimePoint now) = 0;
+
+  // The next thing to run, or nullopt (nothing pending, or holding back by design).
+  virtual std::optional<Dispatch> Pick(TimePoint now) = 0;
+
+  // When the policy next wants Tick() even if nothing else happens (nullopt: no timer).
+  virtual std::optional<TimePoint> NextTimer() const { return std::nullopt; }
+
+  // Optional resource reports (VMCG): CPU time the tenant consumed so far (cumulative), and the
+  // device memory it currently holds. Policies that do not use them ignore them.
+  virtual void ReportCpuTime(TenantId /*tenant*/, Duration /*cumulative_cpu*/, TimePoint /*now*/) {}
+  virtual void ReportMemory(TenantId /*tenant*/, uint64_t /*bytes*/, TimePoint /*now*/) {}
+
+  // Blocks submitted by `tenant` and not yet fully dispatched.
+  virtual size_t Pending(TenantId tenant) const = 0;
+};
+
+// A policy by name with numeric parameters, as written in a scenario or daemon config.
+struct PolicySpec {
+  std::string name;                       // "fifo", "rr", "credit", "split"
+  std::map<std::string, double> params;   // policy-specific; unknown keys are an error
+  DeviceInfo device;
+};
+
+// Builds a policy. Errors (kInvalidArgument) name the policy and the offending parameter.
+Result<std::unique_ptr<Policy>> MakePolicy(const PolicySpec& spec);
+
+// Names MakePolicy accepts, for --help and error messages.
+std::string_view KnownPolicyNames();
+
+}  // namespace gmux::core

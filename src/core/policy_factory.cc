@@ -1,0 +1,22 @@
+// MakePolicy: the one place that maps policy names to implementations.
+#include <memory>
+
+#include "core/fifo_policy.h"
+#include "core/params.h"
+#include "core/policy.h"
+
+namespace gmux::core {
+
+std::string_view KnownPolicyNames() { return "fifo"; }
+
+Result<std::unique_ptr<Policy>> MakePolicy(const PolicySpec& spec) {
+  if (spec.name == "fifo") {
+    ParamReader params("policy fifo", spec.params);
+    GMUX_RETURN_IF_ERROR(params.Finish());
+    return std::unique_ptr<Policy>(std::make_unique<FifoPolicy>());
+  }
+  return InvalidArgument("unknown policy '" + spec.name + "' (known: " +
+                         std::string(KnownPolicyNames()) + ")");
+}
+
+}  // namespace gmux::core

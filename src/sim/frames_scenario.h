@@ -1,0 +1,10 @@
+// Runner for scenario files of kind "frames".
+#pragma once
+
+#include "sim/scenario.h"
+
+namespace gmux::sim {
+
+Result<ScenarioOutput> RunFramesScenario(const ScenarioDoc& doc);
+
+}  // namespace gmux::sim

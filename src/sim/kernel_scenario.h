@@ -1,0 +1,10 @@
+// Runner for scenario files of kind "kernel".
+#pragma once
+
+#include "sim/scenario.h"
+
+namespace gmux::sim {
+
+Result<ScenarioOutput> RunKernelScenario(const ScenarioDoc& doc);
+
+}  // namespace gmux::sim

@@ -1,0 +1,10 @@
+// Runner for scenario files of kind "pool".
+#pragma once
+
+#include "sim/scenario.h"
+
+namespace gmux::sim {
+
+Result<ScenarioOutput> RunPoolScenario(const ScenarioDoc& doc);
+
+}  // namespace gmux::sim

@@ -1,0 +1,10 @@
+// Runner for scenario files of kind "slots".
+#pragma once
+
+#include "sim/scenario.h"
+
+namespace gmux::sim {
+
+Result<ScenarioOutput> RunSlotsScenario(const ScenarioDoc& doc);
+
+}  // namespace gmux::sim

@@ -1,0 +1,207 @@
+#include "sim/toml_util.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace gmux::sim {
+namespace {
+
+std::string Join(std::initializer_list<std::string_view> xs) {
+  std::string out;
+  for (auto x : xs) {
+    if (!out.empty()) out += ", ";
+    out += x;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<ScenarioDoc> ScenarioDoc::Load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot open scenario file '" + path + "'");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return Parse(buf.str(), path);
+}
+
+Result<ScenarioDoc> ScenarioDoc::Parse(std::string_view text, const std::string& path) {
+  ScenarioDoc doc;
+  doc.path_ = path;
+  try {
+    doc.root_ = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream m;
+    m << path << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+      << e.description();
+    return InvalidArgument(m.str());
+  }
+  return doc;
+}
+
+Status ScenarioDoc::Error(const toml::node* node, std::string_view key,
+                          std::string_view message) const {
+  std::ostringstream m;
+  m << path_;
+  if (node != nullptr && node->source().begin.line > 0) m << ":" << node->source().begin.line;
+  m << ": key '" << key << "': " << message;
+  return InvalidArgument(m.str());
+}
+
+Result<double> ScenarioDoc::Number(const toml::table& t, std::string_view key,
+                                   std::optional<double> fallback, double min, double max) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (fallback) return *fallback;
+    return Error(&t, key, "is required");
+  }
+  std::optional<double> v = n->value<double>();  // accepts integers too
+  if (!v || !(n->is_integer() || n->is_floating_point())) return Error(n, key, "expected a number");
+  if (*v < min || *v > max) {
+    std::ostringstream m;
+    m << "value " << *v << " is outside [" << min << ", " << max << "]";
+    return Error(n, key, m.str());
+  }
+  return *v;
+}
+
+Result<int64_t> ScenarioDoc::Integer(const toml::table& t, std::string_view key,
+                                     std::optional<int64_t> fallback, int64_t min,
+                                     int64_t max) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (fallback) return *fallback;
+    return Error(&t, key, "is required");
+  }
+  if (!n->is_integer()) return Error(n, key, "expected an integer");
+  int64_t v = *n->value<int64_t>();
+  if (v < min || v > max) {
+    std::ostringstream m;
+    m << "value " << v << " is outside [" << min << ", " << max << "]";
+    return Error(n, key, m.str());
+  }
+  return v;
+}
+
+Result<bool> ScenarioDoc::Bool(const toml::table& t, std::string_view key,
+                               std::optional<bool> fallback) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (fallback) return *fallback;
+    return Error(&t, key, "is required");
+  }
+  if (!n->is_boolean()) return Error(n, key, "expected true or false");
+  return *n->value<bool>();
+}
+
+Result<std::string> ScenarioDoc::String(const toml::table& t, std::string_view key,
+                                        std::optional<std::string> fallback) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (fallback) return *fallback;
+    return Error(&t, key, "is required");
+  }
+  if (!n->is_string()) return Error(n, key, "expected a string");
+  return std::string(*n->value<std::string_view>());
+}
+
+Result<std::string> ScenarioDoc::Choice(const toml::table& t, std::string_view key,
+                                        std::optional<std::string> fallback,
+                                        std::initializer_list<std::string_view> choices) const {
+  auto s = String(t, key, std::move(fallback));
+  if (!s.ok()) return s.status();
+  for (auto c : choices) {
+    if (c == *s) return s;
+  }
+  return Error(t.get(key), key, "'" + *s + "' is not one of: " + Join(choices));
+}
+
+Result<std::vector<std::string>> ScenarioDoc::Strings(
+    const toml::table& t, std::string_view key,
+    std::optional<std::vector<std::string>> fallback) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (fallback) return *fallback;
+    return Error(&t, key, "is required");
+  }
+  std::vector<std::string> out;
+  if (n->is_string()) {
+    out.emplace_back(*n->value<std::string_view>());
+    return out;
+  }
+  const toml::array* a = n->as_array();
+  if (a == nullptr) return Error(n, key, "expected a string or an array of strings");
+  for (const toml::node& e : *a) {
+    if (!e.is_string()) return Error(&e, key, "expected an array of strings");
+    out.emplace_back(*e.value<std::string_view>());
+  }
+  return out;
+}
+
+Result<std::vector<double>> ScenarioDoc::Numbers(const toml::table& t, std::string_view key,
+                                                 std::optional<std::vector<double>> fallback) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (fallback) return *fallback;
+    return Error(&t, key, "is required");
+  }
+  std::vector<double> out;
+  if (n->is_integer() || n->is_floating_point()) {
+    out.push_back(*n->value<double>());
+    return out;
+  }
+  const toml::array* a = n->as_array();
+  if (a == nullptr) return Error(n, key, "expected a number or an array of numbers");
+  for (const toml::node& e : *a) {
+    if (!(e.is_integer() || e.is_floating_point())) {
+      return Error(&e, key, "expected an array of numbers");
+    }
+    out.push_back(*e.value<double>());
+  }
+  return out;
+}
+
+Result<const toml::table*> ScenarioDoc::Table(const toml::table& t, std::string_view key,
+                                              bool required) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (required) return Error(&t, key, "is required (a table)");
+    return static_cast<const toml::table*>(nullptr);
+  }
+  const toml::table* sub = n->as_table();
+  if (sub == nullptr) return Error(n, key, "expected a table");
+  return sub;
+}
+
+Result<std::vector<const toml::table*>> ScenarioDoc::Tables(const toml::table& t,
+                                                            std::string_view key,
+                                                            bool required) const {
+  const toml::node* n = t.get(key);
+  std::vector<const toml::table*> out;
+  if (n == nullptr) {
+    if (required) return Error(&t, key, "is required (an array of tables, [[" + std::string(key) + "]])");
+    return out;
+  }
+  const toml::array* a = n->as_array();
+  if (a == nullptr) return Error(n, key, "expected an array of tables ([[" + std::string(key) + "]])");
+  for (const toml::node& e : *a) {
+    const toml::table* sub = e.as_table();
+    if (sub == nullptr) return Error(&e, key, "expected an array of tables");
+    out.push_back(sub);
+  }
+  return out;
+}
+
+Status ScenarioDoc::OnlyKeys(const toml::table& t,
+                             std::initializer_list<std::string_view> allowed) const {
+  for (const auto& [k, v] : t) {
+    bool ok = false;
+    for (auto a : allowed) {
+      if (a == k.str()) ok = true;
+    }
+    if (!ok) return Error(&v, k.str(), "unknown key (allowed: " + Join(allowed) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace gmux::sim
