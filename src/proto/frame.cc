@@ -1,0 +1,251 @@
+#include "proto/frame.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <kj/exception.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace gmux::proto {
+namespace {
+
+uint32_t LoadU32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+uint16_t LoadU16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | p[1] << 8);
+}
+void StoreU32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+void StoreU16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+std::string ErrnoText(int err) { return std::string(std::strerror(err)); }
+
+// Reads exactly n bytes. Returns the number read before EOF (< n on EOF) or an error.
+Result<size_t> ReadFully(int fd, void* buf, size_t n) {
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::read(fd, p + got, n - got);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r == 0) {
+      return got;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno == ECONNRESET) {
+      return got;
+    } else {
+      return Unavailable("read: " + ErrnoText(errno));
+    }
+  }
+  return got;
+}
+
+}  // namespace
+
+Status FrameLimits::Validate() const {
+  if (max_payload_bytes < 64 || max_payload_bytes % 8 != 0) {
+    return InvalidArgument("max_payload_bytes must be a multiple of 8 and at least 64");
+  }
+  if (nesting_limit < 4) return InvalidArgument("nesting_limit must be at least 4");
+  if (traversal_factor < 2) return InvalidArgument("traversal_factor must be at least 2");
+  return Status::Ok();
+}
+
+void EncodeHeader(const FrameHeader& header, uint8_t out[kHeaderBytes]) {
+  StoreU32(out, kMagic);
+  StoreU16(out + 4, header.version);
+  StoreU16(out + 6, static_cast<uint16_t>(header.kind));
+  StoreU32(out + 8, header.payload_bytes);
+  StoreU32(out + 12, 0);
+}
+
+Result<FrameHeader> DecodeHeader(std::span<const uint8_t> bytes, const FrameLimits& limits) {
+  if (bytes.size() < kHeaderBytes) return DataLoss("truncated frame header");
+  const uint8_t* p = bytes.data();
+  if (LoadU32(p) != kMagic) return DataLoss("bad frame magic (not a gmux peer?)");
+  FrameHeader h;
+  h.version = LoadU16(p + 4);
+  if (h.version != kProtocolVersion) {
+    return FailedPrecondition("protocol version " + std::to_string(h.version) +
+                              " is not supported; this side speaks version " +
+                              std::to_string(kProtocolVersion));
+  }
+  uint16_t kind = LoadU16(p + 6);
+  if (kind != static_cast<uint16_t>(FrameKind::kRequest) &&
+      kind != static_cast<uint16_t>(FrameKind::kReply)) {
+    return InvalidArgument("unknown frame kind " + std::to_string(kind));
+  }
+  h.kind = static_cast<FrameKind>(kind);
+  h.payload_bytes = LoadU32(p + 8);
+  if (LoadU32(p + 12) != 0) return DataLoss("reserved frame header field is not zero");
+  if (h.payload_bytes > limits.max_payload_bytes) {
+    return ResourceExhausted("frame payload of " + std::to_string(h.payload_bytes) +
+                             " bytes exceeds the limit of " +
+                             std::to_string(limits.max_payload_bytes));
+  }
+  if (h.payload_bytes == 0 || h.payload_bytes % 8 != 0) {
+    return DataLoss("frame payload length " + std::to_string(h.payload_bytes) +
+                    " is not a positive multiple of 8");
+  }
+  return h;
+}
+
+Message::Message(kj::Array<capnp::word> words, const FrameLimits& limits)
+    : words_(kj::mv(words)) {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = static_cast<uint64_t>(words_.size()) * limits.traversal_factor + 64;
+  options.nestingLimit = limits.nesting_limit;
+  reader_ = std::make_unique<capnp::FlatArrayMessageReader>(words_.asPtr(), options);
+}
+
+Result<Message> DecodePayload(kj::Array<capnp::word> words, FrameKind kind,
+                              const FrameLimits& limits) {
+  size_t n = words.size();
+  Result<Message> out = DataLoss("unreachable");
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    Message m(kj::mv(words), limits);
+    // FlatArrayMessageReader has checked the segment table against the array; totalSize()
+    // follows every pointer, so a malformed pointer anywhere fails here and not later.
+    capnp::MessageSize size;
+    if (kind == FrameKind::kRequest) {
+      size = m.root<wire::Request>().totalSize();
+    } else {
+      size = m.root<wire::Reply>().totalSize();
+    }
+    if (size.wordCount > n) {
+      out = DataLoss("message claims more words than its frame holds");
+      return;
+    }
+    out = std::move(m);
+  })) {
+    return DataLoss(std::string("malformed message: ") + e->getDescription().cStr());
+  }
+  return out;
+}
+
+Result<Message> DecodeFrame(std::span<const uint8_t> bytes, FrameKind kind,
+                            const FrameLimits& limits) {
+  GMUX_ASSIGN_OR_RETURN(FrameHeader h, DecodeHeader(bytes, limits));
+  if (h.kind != kind) return InvalidArgument("unexpected frame kind");
+  if (bytes.size() - kHeaderBytes < h.payload_bytes) return DataLoss("truncated frame payload");
+  if (bytes.size() - kHeaderBytes > h.payload_bytes) return DataLoss("trailing bytes after frame");
+  auto words = kj::heapArray<capnp::word>(h.payload_bytes / sizeof(capnp::word));
+  std::memcpy(words.begin(), bytes.data() + kHeaderBytes, h.payload_bytes);
+  return DecodePayload(kj::mv(words), kind, limits);
+}
+
+namespace {
+
+struct Encoded {
+  uint8_t header[kHeaderBytes];
+  kj::Array<capnp::word> table;  // the segment table
+  kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments;
+  size_t payload_bytes = 0;
+};
+
+Status Prepare(FrameKind kind, capnp::MessageBuilder& message, const FrameLimits& limits,
+               Encoded& e) {
+  e.segments = message.getSegmentsForOutput();
+  size_t nseg = e.segments.size();
+  // Segment table: u32 count-1, then u32 size per segment, padded to a word.
+  size_t table_words = (nseg + 2) / 2;
+  e.table = kj::heapArray<capnp::word>(table_words);
+  std::memset(e.table.begin(), 0, table_words * sizeof(capnp::word));
+  auto* t = reinterpret_cast<uint8_t*>(e.table.begin());
+  StoreU32(t, static_cast<uint32_t>(nseg - 1));
+  size_t total = table_words * sizeof(capnp::word);
+  for (size_t i = 0; i < nseg; ++i) {
+    StoreU32(t + 4 + 4 * i, static_cast<uint32_t>(e.segments[i].size()));
+    total += e.segments[i].size() * sizeof(capnp::word);
+  }
+  if (total > limits.max_payload_bytes) {
+    return ResourceExhausted("message of " + std::to_string(total) +
+                             " bytes exceeds the frame limit");
+  }
+  e.payload_bytes = total;
+  EncodeHeader({kProtocolVersion, kind, static_cast<uint32_t>(total)}, e.header);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& message,
+                                         const FrameLimits& limits) {
+  Encoded e;
+  GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
+  std::vector<uint8_t> out(kHeaderBytes + e.payload_bytes);
+  std::memcpy(out.data(), e.header, kHeaderBytes);
+  size_t at = kHeaderBytes;
+  std::memcpy(out.data() + at, e.table.begin(), e.table.size() * sizeof(capnp::word));
+  at += e.table.size() * sizeof(capnp::word);
+  for (auto seg : e.segments) {
+    std::memcpy(out.data() + at, seg.begin(), seg.size() * sizeof(capnp::word));
+    at += seg.size() * sizeof(capnp::word);
+  }
+  return out;
+}
+
+Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
+                  const FrameLimits& limits) {
+  Encoded e;
+  GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
+  std::vector<iovec> iov;
+  iov.reserve(e.segments.size() + 2);
+  iov.push_back({e.header, kHeaderBytes});
+  iov.push_back({e.table.begin(), e.table.size() * sizeof(capnp::word)});
+  for (auto seg : e.segments) {
+    iov.push_back({const_cast<capnp::word*>(seg.begin()), seg.size() * sizeof(capnp::word)});
+  }
+  size_t first = 0;
+  while (first < iov.size()) {
+    msghdr msg{};
+    msg.msg_iov = iov.data() + first;
+    msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return Unavailable("send: " + ErrnoText(errno));
+    }
+    auto left = static_cast<size_t>(w);
+    while (first < iov.size() && left >= iov[first].iov_len) {
+      left -= iov[first].iov_len;
+      ++first;
+    }
+    if (left > 0) {
+      iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits,
+                          FrameHeader* header_out) {
+  uint8_t hdr[kHeaderBytes];
+  GMUX_ASSIGN_OR_RETURN(size_t got, ReadFully(fd, hdr, kHeaderBytes));
+  if (got == 0) return Unavailable("peer closed the connection");
+  if (got < kHeaderBytes) return DataLoss("connection closed inside a frame header");
+  if (header_out != nullptr && got >= 8) {
+    header_out->version = LoadU16(hdr + 4);
+  }
+  GMUX_ASSIGN_OR_RETURN(FrameHeader h, DecodeHeader({hdr, kHeaderBytes}, limits));
+  if (header_out != nullptr) *header_out = h;
+  if (h.kind != kind) return InvalidArgument("unexpected frame kind");
+  auto words = kj::heapArray<capnp::word>(h.payload_bytes / sizeof(capnp::word));
+  GMUX_ASSIGN_OR_RETURN(size_t body, ReadFully(fd, words.begin(), h.payload_bytes));
+  if (body < h.payload_bytes) return DataLoss("connection closed inside a frame payload");
+  return DecodePayload(kj::mv(words), kind, limits);
+}
+
+}  // namespace gmux::proto

@@ -1,0 +1,106 @@
+// Framing and bounds-checked encode/decode of gmux wire messages (no sockets are opened here).
+//
+// A frame is a 16-byte header followed by a payload. All header fields are little-endian:
+//
+//   offset  size  field
+//   0       4     magic "GMUX" (0x58554D47 as a little-endian u32)
+//   4       2     protocol version (kProtocolVersion)
+//   6       2     kind: 1 = Request (client to daemon), 2 = Reply (daemon to client)
+//   8       4     payload length in bytes: a multiple of 8, at most FrameLimits::max_payload_bytes
+//   12      4     reserved, must be 0
+//
+// The payload is one Cap'n Proto message in the standard flat (segment table + segments)
+// encoding, whose root is gmux.capnp's Request or Reply. Decoding trusts nothing: the header is
+// checked before any allocation, the payload's segment table is checked against the payload
+// length, and the whole message is traversed once under a traversal and nesting limit, so later
+// field accesses cannot run outside the payload. All functions are thread-compatible.
+#pragma once
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/gmux.capnp.h"
+
+namespace gmux::proto {
+
+inline constexpr uint32_t kMagic = 0x58554D47;  // "GMUX"
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 16;
+inline constexpr uint32_t kDefaultMaxPayloadBytes = 32u << 20;
+// Bulk data is split into chunks of at most this size so a frame stays far below the limit.
+inline constexpr size_t kBulkChunkBytes = 4u << 20;
+
+enum class FrameKind : uint16_t { kRequest = 1, kReply = 2 };
+
+struct FrameLimits {
+  uint32_t max_payload_bytes = kDefaultMaxPayloadBytes;  // larger frames are rejected unread
+  int nesting_limit = 16;                                // Cap'n Proto pointer nesting depth
+  // Traversal budget as a multiple of the payload's size in words (the first full traversal
+  // spends about 1x; the rest is left for the reader's own accesses).
+  uint32_t traversal_factor = 8;
+
+  Status Validate() const;
+};
+
+struct FrameHeader {
+  uint16_t version = kProtocolVersion;
+  FrameKind kind = FrameKind::kRequest;
+  uint32_t payload_bytes = 0;
+};
+
+// Writes the 16 header bytes.
+void EncodeHeader(const FrameHeader& header, uint8_t out[kHeaderBytes]);
+
+// Parses and checks a header: magic (kDataLoss), version (kFailedPrecondition, the message names
+// both versions), kind (kInvalidArgument), payload length (kResourceExhausted when over the
+// limit, kDataLoss when not a multiple of 8 or zero), reserved (kDataLoss). The version is
+// checked after the magic, so a peer speaking another version can be told so.
+Result<FrameHeader> DecodeHeader(std::span<const uint8_t> bytes, const FrameLimits& limits);
+
+// A decoded, fully validated message. Owns its words; root<T>() is safe to call repeatedly.
+class Message {
+ public:
+  Message(kj::Array<capnp::word> words, const FrameLimits& limits);
+  Message(Message&&) = default;
+  Message& operator=(Message&&) = default;
+
+  template <typename T>
+  typename T::Reader root() { return reader_->getRoot<T>(); }
+
+ private:
+  friend Result<Message> DecodePayload(kj::Array<capnp::word>, FrameKind, const FrameLimits&);
+  kj::Array<capnp::word> words_;
+  std::unique_ptr<capnp::FlatArrayMessageReader> reader_;
+};
+
+// Validates a payload of `kind` (segment table, pointers, limits). kDataLoss on any malformation.
+Result<Message> DecodePayload(kj::Array<capnp::word> words, FrameKind kind,
+                              const FrameLimits& limits);
+
+// A whole frame in memory (header + payload), e.g. for tests and fuzzing. Trailing bytes after
+// the frame are an error.
+Result<Message> DecodeFrame(std::span<const uint8_t> bytes, FrameKind kind,
+                            const FrameLimits& limits);
+
+// Encodes a message as one frame. kResourceExhausted if it exceeds the payload limit.
+Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& message,
+                                         const FrameLimits& limits = {});
+
+// Blocking frame I/O on a connected stream socket. WriteFrame sends header and segments with one
+// sendmsg (MSG_NOSIGNAL: a closed peer is kUnavailable, never SIGPIPE); callers serialize writers.
+Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
+                  const FrameLimits& limits = {});
+
+// Reads one frame. kUnavailable when the peer closed cleanly between frames, kDataLoss when it
+// closed mid-frame, and DecodeHeader/DecodePayload's errors otherwise. `header_out`, when given,
+// receives the header even when the payload is rejected (so a version mismatch can be answered).
+Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits = {},
+                          FrameHeader* header_out = nullptr);
+
+}  // namespace gmux::proto

@@ -1,0 +1,285 @@
+# gmux wire schema, protocol version 1 (see docs/protocol.md).
+#
+# Every frame on the wire carries exactly one message: a Request from the client (the ICD) or a
+# Reply from the daemon. Object and event ids are 64-bit numbers chosen by the client, unique
+# within its session; the daemon looks every id up in the session's own table and never trusts
+# one. OpenCL status codes travel unchanged as Int32 (CL_SUCCESS = 0).
+@0x9ef6e1203a087134;
+
+$import "/capnp/c++.capnp".namespace("gmux::proto::wire");
+
+enum ObjectKind {
+  platform @0;
+  device @1;
+  context @2;
+  queue @3;
+  mem @4;
+  program @5;
+  kernel @6;
+  event @7;
+  sampler @8;
+}
+
+struct Hello {
+  protocolVersion @0 :UInt32;
+  clientName @1 :Text;
+  pid @2 :UInt32;
+  token @3 :Text;          # TCP only: the tenant's token
+}
+
+struct DeviceSummary {
+  index @0 :UInt32;        # the daemon's device index; the client's device id
+  name @1 :Text;
+  type @2 :UInt64;         # cl_device_type
+}
+
+struct HelloReply {
+  protocolVersion @0 :UInt32;
+  tenant @1 :Text;
+  session @2 :UInt64;
+  devices @3 :List(DeviceSummary);
+}
+
+struct GetInfo {
+  kind @0 :ObjectKind;
+  id @1 :UInt64;
+  param @2 :UInt32;
+  device @3 :UInt64;       # program build info, kernel work-group info
+  argIndex @4 :UInt32;     # kernel arg info
+  hasDevice @5 :Bool;
+}
+
+struct CreateContext {
+  id @0 :UInt64;
+  devices @1 :List(UInt64);
+}
+
+struct CreateQueue {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  device @2 :UInt64;
+  properties @3 :UInt64;   # cl_command_queue_properties
+}
+
+struct CreateBuffer {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  flags @2 :UInt64;        # cl_mem_flags; host-pointer flags are handled by the client
+  size @3 :UInt64;
+  initialData @4 :UInt64;  # bulk token holding the initial contents, 0 for none
+}
+
+struct CreateSubBuffer {
+  id @0 :UInt64;
+  parent @1 :UInt64;
+  flags @2 :UInt64;
+  origin @3 :UInt64;
+  size @4 :UInt64;
+}
+
+struct CreateProgramWithSource {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  source @2 :Text;
+}
+
+struct CreateProgramWithBinary {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  devices @2 :List(UInt64);
+  binaries @3 :List(Data);
+}
+
+struct BuildProgram {
+  program @0 :UInt64;
+  devices @1 :List(UInt64);   # empty: every device of the program
+  options @2 :Text;
+}
+
+struct CompileProgram {
+  program @0 :UInt64;
+  devices @1 :List(UInt64);
+  options @2 :Text;
+  headers @3 :List(UInt64);
+  headerNames @4 :List(Text);
+}
+
+struct LinkProgram {
+  id @0 :UInt64;              # the new program
+  context @1 :UInt64;
+  devices @2 :List(UInt64);
+  options @3 :Text;
+  inputs @4 :List(UInt64);
+}
+
+struct CreateKernel {
+  id @0 :UInt64;
+  program @1 :UInt64;
+  name @2 :Text;
+}
+
+struct KernelReply {
+  numArgs @0 :UInt32;
+}
+
+struct CreateUserEvent {
+  id @0 :UInt64;
+  context @1 :UInt64;
+}
+
+struct SetUserEventStatus {
+  id @0 :UInt64;
+  status @1 :Int32;
+}
+
+struct Release {
+  kind @0 :ObjectKind;
+  id @1 :UInt64;
+}
+
+# Bulk data travels ahead of the command that uses it: BulkBegin reserves `size` bytes under a
+# client-chosen token (checked against the session's limit), BulkData fills them.
+struct BulkBegin {
+  token @0 :UInt64;
+  size @1 :UInt64;
+}
+
+struct BulkData {
+  token @0 :UInt64;
+  offset @1 :UInt64;
+  data @2 :Data;
+}
+
+struct KernelArg {
+  union {
+    unset @0 :Void;
+    value @1 :Data;        # by-value bytes
+    mem @2 :UInt64;        # a buffer id
+    nullMem @3 :Void;      # a NULL buffer argument
+    local @4 :UInt64;      # __local bytes
+  }
+}
+
+struct NDRange {
+  kernel @0 :UInt64;
+  workDim @1 :UInt32;
+  globalOffset @2 :List(UInt64);   # empty: zero
+  globalSize @3 :List(UInt64);
+  localSize @4 :List(UInt64);      # empty: chosen by the device
+  args @5 :List(KernelArg);        # the kernel's arguments as set at enqueue time
+}
+
+struct Rect {
+  bufferOrigin @0 :List(UInt64);   # 3 entries
+  hostOrigin @1 :List(UInt64);
+  region @2 :List(UInt64);
+  bufferRowPitch @3 :UInt64;
+  bufferSlicePitch @4 :UInt64;
+  hostRowPitch @5 :UInt64;
+  hostSlicePitch @6 :UInt64;
+}
+
+struct WriteBuffer {
+  mem @0 :UInt64;
+  offset @1 :UInt64;
+  size @2 :UInt64;
+  bulk @3 :UInt64;                 # token of the data (BulkBegin/BulkData sent before)
+  rect @4 :Rect;                   # set for clEnqueueWriteBufferRect (the bulk holds the host region)
+  isRect @5 :Bool;
+}
+
+struct ReadBuffer {
+  mem @0 :UInt64;
+  offset @1 :UInt64;
+  size @2 :UInt64;
+  rect @3 :Rect;
+  isRect @4 :Bool;
+}
+
+struct CopyBuffer {
+  src @0 :UInt64;
+  dst @1 :UInt64;
+  srcOffset @2 :UInt64;
+  dstOffset @3 :UInt64;
+  size @4 :UInt64;
+  rect @5 :Rect;                   # hostOrigin = dst origin, host pitches = dst pitches
+  isRect @6 :Bool;
+}
+
+struct FillBuffer {
+  mem @0 :UInt64;
+  pattern @1 :Data;
+  offset @2 :UInt64;
+  size @3 :UInt64;
+}
+
+struct Enqueue {
+  queue @0 :UInt64;
+  event @1 :UInt64;                # client-assigned id of this command's event (never 0)
+  keepEvent @2 :Bool;              # the application holds the event: keep it in the table
+  waitList @3 :List(UInt64);
+  union {
+    ndrange @4 :NDRange;
+    writeBuffer @5 :WriteBuffer;
+    readBuffer @6 :ReadBuffer;     # data returns in ReadData replies with this request's seq
+    copyBuffer @7 :CopyBuffer;
+    fillBuffer @8 :FillBuffer;
+    marker @9 :Void;
+    barrier @10 :Void;
+  }
+}
+
+struct Request {
+  seq @0 :UInt64;                  # nonzero: the client waits for a Reply with this seq
+  union {
+    hello @1 :Hello;
+    getInfo @2 :GetInfo;
+    createContext @3 :CreateContext;
+    createQueue @4 :CreateQueue;
+    createBuffer @5 :CreateBuffer;
+    createSubBuffer @6 :CreateSubBuffer;
+    createProgramWithSource @7 :CreateProgramWithSource;
+    createProgramWithBinary @8 :CreateProgramWithBinary;
+    buildProgram @9 :BuildProgram;
+    compileProgram @10 :CompileProgram;
+    linkProgram @11 :LinkProgram;
+    createKernel @12 :CreateKernel;
+    createUserEvent @13 :CreateUserEvent;
+    setUserEventStatus @14 :SetUserEventStatus;
+    release @15 :Release;
+    bulkBegin @16 :BulkBegin;
+    bulkData @17 :BulkData;
+    enqueue @18 :Enqueue;
+    finish @19 :UInt64;            # a queue id; answered when all its earlier commands are done
+    waitEvents @20 :List(UInt64);  # answered when all are complete
+    stats @21 :Void;               # daemon statistics (tests, `gmux status`)
+  }
+}
+
+struct ReadData {
+  offset @0 :UInt64;               # into the destination (host) region
+  data @1 :Data;
+  last @2 :Bool;                   # the read's final chunk: the read is complete
+}
+
+struct Stats {
+  sessions @0 :UInt32;
+  liveBackendObjects @1 :Int64;
+  pendingCommands @2 :UInt64;
+  bulkBytes @3 :UInt64;
+}
+
+struct Reply {
+  seq @0 :UInt64;                  # the Request answered; 0: an asynchronous error report
+  status @1 :Int32;                # OpenCL status code
+  message @2 :Text;                # human-readable detail for errors
+  union {
+    none @3 :Void;
+    hello @4 :HelloReply;
+    info @5 :Data;
+    kernel @6 :KernelReply;
+    readData @7 :ReadData;
+    binaryStatus @8 :List(Int32);
+    stats @9 :Stats;
+  }
+}

@@ -1,0 +1,217 @@
+#include "proto/frame.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+
+namespace gmux::proto {
+namespace {
+
+std::vector<uint8_t> SampleRequestFrame(uint64_t seq = 7) {
+  capnp::MallocMessageBuilder b;
+  auto req = b.initRoot<wire::Request>();
+  req.setSeq(seq);
+  auto e = req.initEnqueue();
+  e.setQueue(3);
+  e.setEvent(9);
+  auto wl = e.initWaitList(2);
+  wl.set(0, 4);
+  wl.set(1, 5);
+  auto nd = e.initNdrange();
+  nd.setKernel(11);
+  nd.setWorkDim(1);
+  nd.initGlobalSize(1).set(0, 1024);
+  auto args = nd.initArgs(2);
+  args[0].setMem(12);
+  uint8_t v[4] = {1, 2, 3, 4};
+  args[1].setValue(kj::arrayPtr(v, 4));
+  auto bytes = EncodeFrame(FrameKind::kRequest, b);
+  EXPECT_TRUE(bytes.ok());
+  return *bytes;
+}
+
+TEST(FrameTest, RoundTripsARequest) {
+  auto bytes = SampleRequestFrame();
+  auto m = DecodeFrame(bytes, FrameKind::kRequest, {});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto req = m->root<wire::Request>();
+  EXPECT_EQ(req.getSeq(), 7u);
+  ASSERT_TRUE(req.isEnqueue());
+  auto e = req.getEnqueue();
+  EXPECT_EQ(e.getQueue(), 3u);
+  ASSERT_EQ(e.getWaitList().size(), 2u);
+  EXPECT_EQ(e.getWaitList()[1], 5u);
+  auto args = e.getNdrange().getArgs();
+  ASSERT_EQ(args.size(), 2u);
+  EXPECT_EQ(args[0].getMem(), 12u);
+  EXPECT_EQ(args[1].getValue().size(), 4u);
+}
+
+TEST(FrameTest, RejectsBadMagic) {
+  auto bytes = SampleRequestFrame();
+  bytes[0] ^= 0xff;
+  auto m = DecodeFrame(bytes, FrameKind::kRequest, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kDataLoss);
+}
+
+TEST(FrameTest, RejectsWrongVersionNamingBoth) {
+  auto bytes = SampleRequestFrame();
+  bytes[4] = 99;
+  auto m = DecodeFrame(bytes, FrameKind::kRequest, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(m.status().message().find("99"), std::string::npos);
+  EXPECT_NE(m.status().message().find("version 1"), std::string::npos);
+}
+
+TEST(FrameTest, RejectsWrongKindAndReservedBits) {
+  auto bytes = SampleRequestFrame();
+  EXPECT_FALSE(DecodeFrame(bytes, FrameKind::kReply, {}).ok());
+  auto b2 = bytes;
+  b2[6] = 7;
+  EXPECT_EQ(DecodeFrame(b2, FrameKind::kRequest, {}).status().code(),
+            StatusCode::kInvalidArgument);
+  auto b3 = bytes;
+  b3[13] = 1;
+  EXPECT_EQ(DecodeFrame(b3, FrameKind::kRequest, {}).status().code(), StatusCode::kDataLoss);
+}
+
+TEST(FrameTest, RejectsAbsurdLengthBeforeAllocating) {
+  uint8_t hdr[kHeaderBytes];
+  EncodeHeader({kProtocolVersion, FrameKind::kRequest, 0xFFFFFFF8u}, hdr);
+  auto h = DecodeHeader(hdr, {});
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), StatusCode::kResourceExhausted);
+  EncodeHeader({kProtocolVersion, FrameKind::kRequest, 13}, hdr);
+  EXPECT_EQ(DecodeHeader(hdr, {}).status().code(), StatusCode::kDataLoss);
+  EncodeHeader({kProtocolVersion, FrameKind::kRequest, 0}, hdr);
+  EXPECT_EQ(DecodeHeader(hdr, {}).status().code(), StatusCode::kDataLoss);
+}
+
+TEST(FrameTest, RejectsEveryTruncation) {
+  auto bytes = SampleRequestFrame();
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    auto m = DecodeFrame(std::span<const uint8_t>(bytes.data(), n), FrameKind::kRequest, {});
+    EXPECT_FALSE(m.ok()) << "prefix of " << n << " bytes decoded";
+  }
+  bytes.push_back(0);
+  EXPECT_FALSE(DecodeFrame(bytes, FrameKind::kRequest, {}).ok());
+}
+
+TEST(FrameTest, RejectsSegmentTableThatLies) {
+  auto bytes = SampleRequestFrame();
+  // Segment 0's size field claims far more words than the payload holds.
+  uint32_t huge = 1u << 20;
+  std::memcpy(bytes.data() + kHeaderBytes + 4, &huge, 4);
+  auto m = DecodeFrame(bytes, FrameKind::kRequest, {});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kDataLoss);
+  // A segment count far beyond the payload.
+  bytes = SampleRequestFrame();
+  uint32_t many = 100000;
+  std::memcpy(bytes.data() + kHeaderBytes, &many, 4);
+  EXPECT_FALSE(DecodeFrame(bytes, FrameKind::kRequest, {}).ok());
+}
+
+TEST(FrameTest, CorruptedPayloadNeverCrashesAndIsMostlyRejected) {
+  const uint32_t seed = 20240601;
+  std::mt19937 rng(seed);
+  auto good = SampleRequestFrame();
+  int rejected = 0;
+  for (int i = 0; i < 2000; ++i) {
+    auto bytes = good;
+    int flips = 1 + static_cast<int>(rng() % 8);
+    for (int f = 0; f < flips; ++f) {
+      size_t at = kHeaderBytes + rng() % (bytes.size() - kHeaderBytes);
+      bytes[at] = static_cast<uint8_t>(rng());
+    }
+    auto m = DecodeFrame(bytes, FrameKind::kRequest, {});
+    if (!m.ok()) {
+      ++rejected;
+      continue;
+    }
+    // Accepted messages must be safe to read in full.
+    auto req = m->root<wire::Request>();
+    (void)req.totalSize();
+  }
+  EXPECT_GT(rejected, 0) << "seed " << seed;
+}
+
+TEST(FrameTest, NestingLimitRejectsDeepMessages) {
+  capnp::MallocMessageBuilder b;
+  auto req = b.initRoot<wire::Request>();
+  req.initEnqueue().initNdrange().initArgs(1)[0].setValue(kj::heapArray<kj::byte>(8));
+  auto bytes = EncodeFrame(FrameKind::kRequest, b);
+  ASSERT_TRUE(bytes.ok());
+  FrameLimits tight;
+  tight.nesting_limit = 4;
+  EXPECT_FALSE(DecodeFrame(*bytes, FrameKind::kRequest, tight).ok());
+  EXPECT_TRUE(DecodeFrame(*bytes, FrameKind::kRequest, {}).ok());
+}
+
+TEST(FrameTest, EncodeRefusesOversizedMessages) {
+  capnp::MallocMessageBuilder b;
+  auto req = b.initRoot<wire::Request>();
+  req.initBulkData().initData(1 << 16);
+  FrameLimits small;
+  small.max_payload_bytes = 4096;
+  auto bytes = EncodeFrame(FrameKind::kRequest, b, small);
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_EQ(bytes.status().code(), StatusCode::kResourceExhausted);
+}
+
+class SocketPairTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds_), 0); }
+  void TearDown() override {
+    for (int fd : fds_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  int fds_[2] = {-1, -1};
+};
+
+TEST_F(SocketPairTest, WriteThenReadFrame) {
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(42);
+  rep.setStatus(-5);
+  rep.setMessage("boom");
+  ASSERT_TRUE(WriteFrame(fds_[0], FrameKind::kReply, b).ok());
+  auto m = ReadFrame(fds_[1], FrameKind::kReply);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->root<wire::Reply>().getSeq(), 42u);
+  EXPECT_EQ(m->root<wire::Reply>().getStatus(), -5);
+  EXPECT_EQ(std::string(m->root<wire::Reply>().getMessage().cStr()), "boom");
+}
+
+TEST_F(SocketPairTest, CleanCloseIsUnavailableAndMidFrameCloseIsDataLoss) {
+  ::close(fds_[0]);
+  fds_[0] = -1;
+  EXPECT_EQ(ReadFrame(fds_[1], FrameKind::kRequest).status().code(), StatusCode::kUnavailable);
+  ::close(fds_[1]);
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds_), 0);
+  auto bytes = SampleRequestFrame();
+  ASSERT_EQ(::write(fds_[0], bytes.data(), bytes.size() - 8),
+            static_cast<ssize_t>(bytes.size() - 8));
+  ::close(fds_[0]);
+  fds_[0] = -1;
+  EXPECT_EQ(ReadFrame(fds_[1], FrameKind::kRequest).status().code(), StatusCode::kDataLoss);
+}
+
+TEST_F(SocketPairTest, WriteToClosedPeerIsUnavailableNotSigpipe) {
+  ::close(fds_[1]);
+  fds_[1] = -1;
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::Reply>().setSeq(1);
+  EXPECT_EQ(WriteFrame(fds_[0], FrameKind::kReply, b).code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace gmux::proto
