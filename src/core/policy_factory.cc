@@ -4,16 +4,21 @@
 #include "core/fifo_policy.h"
 #include "core/params.h"
 #include "core/policy.h"
+#include "core/split_policy.h"
 
 namespace gmux::core {
 
-std::string_view KnownPolicyNames() { return "fifo"; }
+std::string_view KnownPolicyNames() { return "fifo, split"; }
 
 Result<std::unique_ptr<Policy>> MakePolicy(const PolicySpec& spec) {
   if (spec.name == "fifo") {
     ParamReader params("policy fifo", spec.params);
     GMUX_RETURN_IF_ERROR(params.Finish());
     return std::unique_ptr<Policy>(std::make_unique<FifoPolicy>());
+  }
+  if (spec.name == "split") {
+    GMUX_ASSIGN_OR_RETURN(SplitPolicyOptions options, SplitPolicyOptionsFromSpec(spec));
+    return std::unique_ptr<Policy>(std::make_unique<SplitPolicy>(options));
   }
   return InvalidArgument("unknown policy '" + spec.name + "' (known: " +
                          std::string(KnownPolicyNames()) + ")");
