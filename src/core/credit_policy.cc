@@ -1,0 +1,431 @@
+#include "core/credit_policy.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <tuple>
+
+#include "core/params.h"
+
+namespace gmux::core {
+
+Status CreditPolicyOptions::Validate() const {
+  if (!(credits_per_interval > 0)) {
+    return InvalidArgument("credit: credits_per_interval must be > 0");
+  }
+  if (time_g.count() < 0) return InvalidArgument("credit: time_g_ms must be >= 0");
+  if (slice_max.count() <= 0) return InvalidArgument("credit: slice_max_ms must be > 0");
+  if (slice_min.count() < 0 || slice_min > slice_max) {
+    return InvalidArgument("credit: slice_min_ms must be in [0, slice_max_ms]");
+  }
+  if (blocks_per_round < 1) return InvalidArgument("credit: blocks_per_round must be >= 1");
+  if (num_cap < 0) return InvalidArgument("credit: num_cap must be >= 0");
+  if (!(carry_intervals >= 0)) return InvalidArgument("credit: carry_intervals must be >= 0");
+  if (idle_grace.count() < 0) return InvalidArgument("credit: idle_grace_ms must be >= 0");
+  return Status::Ok();
+}
+
+namespace {
+
+Duration Milliseconds(double ms) { return Duration(std::llround(ms * 1e6)); }
+
+}  // namespace
+
+Result<CreditPolicyOptions> CreditPolicyOptionsFromSpec(const PolicySpec& spec) {
+  ParamReader params("policy credit", spec.params);
+  CreditPolicyOptions o;
+  constexpr double kMaxMs = 3.6e6;  // one hour
+  GMUX_ASSIGN_OR_RETURN(o.credits_per_interval,
+                        params.Number("credits_per_interval", o.credits_per_interval, 1e-3, 1e12));
+  GMUX_ASSIGN_OR_RETURN(double time_g_ms, params.Number("time_g_ms", 0, 0, kMaxMs));
+  GMUX_ASSIGN_OR_RETURN(double slice_max_ms, params.Number("slice_max_ms", 16, 1e-3, kMaxMs));
+  GMUX_ASSIGN_OR_RETURN(double slice_min_ms, params.Number("slice_min_ms", 1, 0, kMaxMs));
+  GMUX_ASSIGN_OR_RETURN(o.blocks_per_round,
+                        params.Integer("blocks_per_round", o.blocks_per_round, 1, 1 << 20));
+  GMUX_ASSIGN_OR_RETURN(o.num_cap, params.Integer("num_cap", o.num_cap, 0, 1 << 20));
+  GMUX_ASSIGN_OR_RETURN(o.carry_intervals,
+                        params.Number("carry_intervals", o.carry_intervals, 0, 1e6));
+  GMUX_ASSIGN_OR_RETURN(double idle_grace_ms, params.Number("idle_grace_ms", 1, 0, kMaxMs));
+  GMUX_ASSIGN_OR_RETURN(int64_t per_round, params.Integer("charge_per_round", 0, 0, 1));
+  GMUX_RETURN_IF_ERROR(params.Finish());
+  o.time_g = Milliseconds(time_g_ms);
+  o.slice_max = Milliseconds(slice_max_ms);
+  o.slice_min = Milliseconds(slice_min_ms);
+  o.idle_grace = Milliseconds(idle_grace_ms);
+  o.charge_per_round = per_round == 1;
+  GMUX_RETURN_IF_ERROR(o.Validate());
+  return o;
+}
+
+CreditPolicy::CreditPolicy(const CreditPolicyOptions& options, const DeviceInfo& device)
+    : options_(options), device_(device) {
+  assert(options_.Validate().ok());
+  time_g_ns_ = options_.time_g.count() > 0 ? options_.time_g.count() : options_.slice_max.count();
+}
+
+Duration CreditPolicy::credit_value() const {
+  return Duration(std::max<int64_t>(
+      1, std::llround(static_cast<double>(time_g_ns_) / options_.credits_per_interval)));
+}
+
+void CreditPolicy::AddTenant(const Tenant& tenant, TimePoint now) {
+  assert(tenants_.count(tenant.id) == 0);
+  assert(tenant.weight > 0);
+  AdvanceTo(now);
+  TenantState& t = tenants_[tenant.id];
+  t.info = tenant;
+  t.join_seq = next_join_seq_++;
+  t.slice_ns = options_.slice_max.count();
+  t.rank = static_cast<uint32_t>(order_.size());
+  order_.push_back(tenant.id);
+}
+
+void CreditPolicy::RemoveTenant(TenantId tenant, TimePoint now) {
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end()) {
+    TenantState& t = it->second;
+    if (t.eligible) eligible_.erase(t.rank);
+    if (t.claiming) --claiming_;
+    total_pending_ -= t.channel.size();
+    order_[t.rank] = kNoTenant;
+    if (turn_tenant_ == tenant) turn_open_ = false;
+    tenants_.erase(it);
+  }
+  AdvanceTo(now);
+}
+
+void CreditPolicy::Submit(const CommandBlock& block, TimePoint now) {
+  AdvanceTo(now);
+  auto it = tenants_.find(block.tenant);
+  assert(it != tenants_.end());
+  TenantState& t = it->second;
+  t.channel.push_back({block.id, block.work_items});
+  ++total_pending_;
+  // req[i] += 1 (Section 4.2); the Eq. (2) inputs of the current interval.
+  if (block.kind == BlockKind::kCopy) t.copy_bytes += block.bytes;
+  t.active = true;
+  t.peak_outstanding = std::max(t.peak_outstanding, t.channel.size() + t.in_flight);
+  Refresh(t);
+}
+
+void CreditPolicy::Complete(const Completion& done, TimePoint now) {
+  auto it = tenants_.find(done.tenant);
+  if (it != tenants_.end()) {
+    TenantState& t = it->second;
+    if (t.in_flight > 0) --t.in_flight;
+    const int64_t d = std::max<int64_t>(0, done.device_time.count());
+    if (!options_.charge_per_round) Charge(t, d);
+    t.est_block_ns += (d - t.est_block_ns) / 4;
+    if (turn_open_ && turn_tenant_ == done.tenant) turn_used_ns_ += d;
+    // A credit holder whose last block just finished is probably about to submit the next one
+    // (closed loop); its capacity is not spare until idle_grace has passed.
+    if (t.channel.empty() && t.in_flight == 0 && t.credit1_ns > 0) {
+      grace_until_ = std::max(grace_until_, now + options_.idle_grace);
+    }
+    Refresh(t);
+  }
+  AdvanceTo(now);
+}
+
+void CreditPolicy::Tick(TimePoint now) { AdvanceTo(now); }
+
+void CreditPolicy::ReportCpuTime(TenantId tenant, Duration cumulative_cpu, TimePoint now) {
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end()) {
+    TenantState& t = it->second;
+    t.cpu_cumulative_ns = cumulative_cpu.count();
+    // A counter that went backwards (the tenant's process restarted) starts a new period.
+    t.cpu_period_start_ns = std::min(t.cpu_period_start_ns, t.cpu_cumulative_ns);
+  }
+  AdvanceTo(now);
+}
+
+void CreditPolicy::ReportMemory(TenantId tenant, uint64_t bytes, TimePoint now) {
+  auto it = tenants_.find(tenant);
+  if (it != tenants_.end()) it->second.memory_bytes = bytes;
+  AdvanceTo(now);
+}
+
+size_t CreditPolicy::Pending(TenantId tenant) const {
+  auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? 0 : it->second.channel.size();
+}
+
+std::optional<TimePoint> CreditPolicy::NextTimer() const {
+  if (!started_ || total_pending_ == 0) return std::nullopt;
+  TimePoint next = interval_end_;
+  if (grace_until_ > last_now_) next = std::min(next, grace_until_);
+  return next;
+}
+
+std::optional<Dispatch> CreditPolicy::Pick(TimePoint now) {
+  AdvanceTo(now);
+  if (turn_open_) {
+    auto it = tenants_.find(turn_tenant_);
+    if (it != tenants_.end() && CanContinueTurn(it->second)) {
+      return DispatchHead(turn_tenant_, it->second);
+    }
+    turn_open_ = false;
+  }
+  std::optional<TenantId> next = NextEligible();
+  if (!next) {
+    // Nobody with status 1 has work. Replenishment trigger (b) needs a tenant with pending
+    // blocks (all of them have credit1 = 0 here) and spare capacity: no credit holder has work
+    // queued or executing, and none went quiet less than idle_grace ago.
+    if (total_pending_ == 0 || claiming_ > 0 || now < grace_until_) return std::nullopt;
+    Replenish(now, Trigger::kSpareCapacity);
+    next = NextEligible();
+    assert(next.has_value());
+    if (!next) return std::nullopt;
+  }
+  TenantState& t = tenants_.at(*next);
+  turn_open_ = true;
+  turn_tenant_ = *next;
+  turn_blocks_ = 0;
+  turn_used_ns_ = 0;
+  cursor_rank_ = t.rank;
+  // Paper-literal accounting (Algorithm 1 step 28): one credit per round, whatever it runs.
+  if (options_.charge_per_round) Charge(t, credit_value().count());
+  return DispatchHead(*next, t);
+}
+
+CreditTenantView CreditPolicy::View(TenantId tenant) const {
+  const TenantState& t = tenants_.at(tenant);
+  const double unit = static_cast<double>(credit_value().count());
+  CreditTenantView v;
+  v.credit1 = static_cast<double>(t.credit1_ns) / unit;
+  v.credit2 = static_cast<double>(t.credit2_ns) / unit;
+  v.debt = static_cast<double>(t.debt_ns) / unit;
+  v.status = t.credit1_ns > 0 ? 1 : 0;
+  v.slice = Duration(t.slice_ns);
+  v.eq2_factor = t.eq2_factor;
+  v.pending = t.channel.size();
+  v.in_flight = t.in_flight;
+  return v;
+}
+
+std::vector<TenantId> CreditPolicy::Order() const {
+  std::vector<TenantId> out;
+  for (TenantId id : order_) {
+    if (id != kNoTenant) out.push_back(id);
+  }
+  return out;
+}
+
+void CreditPolicy::AdvanceTo(TimePoint now) {
+  last_now_ = std::max(last_now_, now);
+  if (!started_) {
+    started_ = true;
+    interval_start_ = now;
+    interval_end_ = now + Duration(time_g_ns_);
+    return;
+  }
+  // Replenishment trigger (a): the interval TIME_G has elapsed. After a long quiet spell only
+  // one replenishment happens; the carry cap would absorb the others anyway.
+  if (now >= interval_end_) Replenish(now, Trigger::kInterval);
+}
+
+void CreditPolicy::Replenish(TimePoint now, Trigger trigger) {
+  ComputeSlicesAndOrder();
+  ComputeAllocations(now);
+
+  // Trigger (b) exists to put a waiting tenant back to work, so it hands out as many
+  // allocations as the least indebted waiting tenant needs to reach credit1 > 0.
+  int64_t rounds = 1;
+  if (trigger == Trigger::kSpareCapacity) {
+    int64_t best = INT64_MAX;
+    for (const auto& [id, t] : tenants_) {
+      if (t.channel.empty() || t.credit2_ns <= 0) continue;
+      best = std::min(best, t.debt_ns / t.credit2_ns + 1);
+    }
+    if (best != INT64_MAX) rounds = best;
+  }
+  for (auto& [id, t] : tenants_) {
+    TopUp(t, rounds * t.credit2_ns);
+    // The next interval's Eq. (2) inputs start from what is outstanding now.
+    t.copy_bytes = 0;
+    t.peak_outstanding = t.channel.size() + t.in_flight;
+    t.active = t.peak_outstanding > 0;
+  }
+  interval_start_ = now;
+  interval_end_ = now + Duration(time_g_ns_);
+  RebuildSets();
+  if (trigger == Trigger::kInterval) {
+    ++interval_replenishments_;
+  } else {
+    ++spare_replenishments_;
+  }
+}
+
+void CreditPolicy::ComputeSlicesAndOrder() {
+  // Algorithm 1, steps 1-13: sort by the CPU time of the polling period (descending; ties by
+  // join order), then t_i = cpu_i / cpu_max × slice_max, floored at slice_min.
+  std::vector<std::tuple<int64_t, uint64_t, TenantId>> rows;
+  rows.reserve(tenants_.size());
+  int64_t cpu_max = 0;
+  for (const auto& [id, t] : tenants_) {
+    const int64_t delta = std::max<int64_t>(0, t.cpu_cumulative_ns - t.cpu_period_start_ns);
+    cpu_max = std::max(cpu_max, delta);
+    rows.emplace_back(delta, t.join_seq, id);
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
+    return std::get<1>(a) < std::get<1>(b);
+  });
+  const int64_t slice_max = options_.slice_max.count();
+  const int64_t slice_min = options_.slice_min.count();
+  order_.clear();
+  for (const auto& [delta, seq, id] : rows) {
+    TenantState& t = tenants_.at(id);
+    if (cpu_max > 0) {
+      const double ratio = static_cast<double>(delta) / static_cast<double>(cpu_max);
+      t.slice_ns = std::max<int64_t>(slice_min, std::llround(ratio * static_cast<double>(slice_max)));
+    } else {
+      t.slice_ns = slice_max;  // no CPU reports this period: every slice is slice_max
+    }
+    t.cpu_period_start_ns = t.cpu_cumulative_ns;
+    t.rank = static_cast<uint32_t>(order_.size());
+    order_.push_back(id);
+  }
+  // Keep the round robin going from where it was, under the new ranks.
+  auto turn = tenants_.find(turn_tenant_);
+  cursor_rank_ = turn != tenants_.end() ? turn->second.rank
+                                        : std::min<uint32_t>(cursor_rank_,
+                                                             static_cast<uint32_t>(order_.size()));
+}
+
+void CreditPolicy::ComputeAllocations(TimePoint now) {
+  const double interval_s = std::max(1e-9, ToSeconds(now - interval_start_));
+  double bytes_sum = 0, memory_sum = 0;
+  for (const auto& [id, t] : tenants_) {
+    bytes_sum += static_cast<double>(t.copy_bytes);
+    memory_sum += static_cast<double>(t.memory_bytes);
+  }
+  // Eq. (2) numerators. b_i and m_i are normalised to [0, 1] (occupancy of the bus and share of
+  // device memory, by the device's totals when known, else by the tenants' sum), so the exponent
+  // is at most BW·MSIZE = 1 and e^{b_i m_i} stays in [1, e].
+  double weighted_sum = 0;
+  int64_t slice_sum = 0;
+  for (auto& [id, t] : tenants_) {
+    const bool active = t.active || !t.channel.empty() || t.in_flight > 0;
+    if (!active) {
+      t.eq2_factor = 0;
+      continue;
+    }
+    double b = 0;
+    if (device_.bus_bytes_per_s > 0) {
+      b = std::min(1.0, static_cast<double>(t.copy_bytes) / (device_.bus_bytes_per_s * interval_s));
+    } else if (bytes_sum > 0) {
+      b = static_cast<double>(t.copy_bytes) / bytes_sum;
+    }
+    double m = 0;
+    if (device_.memory_bytes > 0) {
+      m = std::min(1.0, static_cast<double>(t.memory_bytes) /
+                            static_cast<double>(device_.memory_bytes));
+    } else if (memory_sum > 0) {
+      m = static_cast<double>(t.memory_bytes) / memory_sum;
+    }
+    const double num = static_cast<double>(
+        std::min<uint64_t>(t.peak_outstanding, static_cast<uint64_t>(options_.num_cap)));
+    t.eq2_factor = std::exp(b * m) + num;  // e^{BW_i × MSIZE_i} + NUM_i
+    weighted_sum += t.info.weight * t.eq2_factor;
+    slice_sum += t.slice_ns;
+  }
+  // TIME_G: fixed when configured, else one polling period (each active tenant's slice once).
+  time_g_ns_ = options_.time_g.count() > 0
+                   ? options_.time_g.count()
+                   : std::max<int64_t>(options_.slice_max.count(), slice_sum);
+  // CREDIT_i = CREDIT · w_i f_i / Σ w_j f_j, held as device time: CREDIT credits are TIME_G.
+  for (auto& [id, t] : tenants_) {
+    if (t.eq2_factor <= 0 || weighted_sum <= 0) {
+      t.credit2_ns = 0;
+      continue;
+    }
+    const double share = t.info.weight * t.eq2_factor / weighted_sum;
+    t.credit2_ns = std::max<int64_t>(1, std::llround(share * static_cast<double>(time_g_ns_)));
+  }
+}
+
+void CreditPolicy::TopUp(TenantState& t, int64_t amount_ns) {
+  if (amount_ns <= 0) return;
+  const int64_t repaid = std::min(t.debt_ns, amount_ns);
+  t.debt_ns -= repaid;
+  amount_ns -= repaid;
+  if (amount_ns <= 0) return;
+  t.credit1_ns += amount_ns;
+  // Banking is capped only for tenants with nothing pending: a backlogged tenant's credits grew
+  // because the device was busy with someone else's (long) block, and they are owed.
+  if (t.channel.empty()) {
+    const auto cap = static_cast<int64_t>(
+        std::llround((1.0 + options_.carry_intervals) * static_cast<double>(t.credit2_ns)));
+    t.credit1_ns = std::min(t.credit1_ns, std::max<int64_t>(cap, 1));
+  }
+}
+
+void CreditPolicy::Charge(TenantState& t, int64_t cost_ns) {
+  // Section 4.2: check credit1 before decreasing it; it never goes below 0, the excess is debt.
+  if (cost_ns <= t.credit1_ns) {
+    t.credit1_ns -= cost_ns;
+  } else {
+    t.debt_ns += cost_ns - t.credit1_ns;
+    t.credit1_ns = 0;
+  }
+}
+
+void CreditPolicy::Refresh(TenantState& t) {
+  const bool eligible = t.credit1_ns > 0 && !t.channel.empty();
+  if (eligible != t.eligible) {
+    if (eligible) {
+      eligible_.insert(t.rank);
+    } else {
+      eligible_.erase(t.rank);
+    }
+    t.eligible = eligible;
+  }
+  const bool claiming = t.credit1_ns > 0 && (!t.channel.empty() || t.in_flight > 0);
+  if (claiming != t.claiming) {
+    if (claiming) {
+      ++claiming_;
+    } else {
+      --claiming_;
+    }
+    t.claiming = claiming;
+  }
+}
+
+void CreditPolicy::RebuildSets() {
+  eligible_.clear();
+  claiming_ = 0;
+  for (auto& entry : tenants_) {
+    TenantState& t = entry.second;
+    t.eligible = false;
+    t.claiming = false;
+    Refresh(t);
+  }
+}
+
+bool CreditPolicy::CanContinueTurn(const TenantState& t) const {
+  if (t.channel.empty() || turn_blocks_ >= options_.blocks_per_round) return false;
+  const int64_t in_flight_estimate = static_cast<int64_t>(t.in_flight) * t.est_block_ns;
+  return turn_used_ns_ + in_flight_estimate < t.slice_ns;
+}
+
+Dispatch CreditPolicy::DispatchHead(TenantId id, TenantState& t) {
+  assert(!t.channel.empty());
+  Entry e = t.channel.front();
+  t.channel.pop_front();  // req[i] -= 1
+  --total_pending_;
+  ++t.in_flight;
+  ++turn_blocks_;
+  Refresh(t);
+  return Dispatch{id, e.block, WorkRange{0, e.work_items}, true};
+}
+
+std::optional<TenantId> CreditPolicy::NextEligible() const {
+  if (eligible_.empty()) return std::nullopt;
+  auto it = cursor_rank_ == UINT32_MAX ? eligible_.end() : eligible_.upper_bound(cursor_rank_);
+  if (it == eligible_.end()) it = eligible_.begin();
+  return order_[*it];
+}
+
+}  // namespace gmux::core
