@@ -125,7 +125,7 @@ Result<LeaseView> LeasePool::Request(TenantId tenant, LeaseKind kind, TimePoint 
                            " already holds or waits for an explicit lease");
     }
     // An explicit request pins what the tenant already has or waits for.
-    if (t->status == LeaseStatus::kReady) candidates_--;
+    if (Reclaimable(*t)) candidates_--;
     t->kind = LeaseKind::kPinned;
   } else if (t->status == LeaseStatus::kReady) {
     // WrapCUDA calls checkgpuon() on every wrapped API call: that is use of the device.
@@ -192,6 +192,7 @@ Status LeasePool::BeginUse(TenantId tenant, TimePoint now) {
     return FailedPrecondition("lease pool: tenant " + std::to_string(tenant) +
                               " uses a device without a ready lease");
   }
+  if (Reclaimable(*t)) candidates_--;
   if (t->uses++ == 0) t->use_since = now;
   t->last_activity = now;
   return Status::Ok();
@@ -205,6 +206,7 @@ Status LeasePool::EndUse(TenantId tenant, TimePoint now) {
                               " ends a use it did not begin");
   }
   if (--t->uses == 0) t->stats.in_use += now - t->use_since;
+  if (Reclaimable(*t)) candidates_++;
   t->last_activity = now;
   return Status::Ok();
 }
@@ -224,8 +226,9 @@ Status LeasePool::Advance(TimePoint now) {
     std::optional<TimePoint> due;
     if (!timers_.empty()) due = timers_.top().at;
     if (candidates_ == 0 && next_check_ <= now) {
-      // No lease the checker could reclaim before the next plug-in completes (only that can
-      // create one): the rounds in between are no-ops, skip them on the grid.
+      // Nothing the checker could reclaim, and nothing changes that before the next plug-in
+      // completes (calls that could, such as EndUse, come after this Advance): the rounds in
+      // between are no-ops, so skip them along the grid.
       TimePoint bound = (due && *due < now) ? *due : now;
       next_check_ = std::max(next_check_, FirstCheckAtOrAfter(bound));
     }
@@ -321,7 +324,7 @@ void LeasePool::FinishTimer(DeviceId d, TimePoint now) {
     t.stats.grants++;
     t.stats.total_wait += wait;
     t.stats.max_wait = std::max(t.stats.max_wait, wait);
-    if (t.kind == LeaseKind::kImplicit) candidates_++;
+    if (Reclaimable(t)) candidates_++;
     return;
   }
   assert(dev.state == DeviceState::kDetaching);
@@ -364,9 +367,9 @@ void LeasePool::ReleaseHeld(TenantId tenant, TenantState& t, ReleaseReason reaso
       break;
     }
     case LeaseStatus::kReady:
+      if (Reclaimable(t)) candidates_--;
       CloseUse(t, now);
       t.stats.leased += now - t.ready_at;
-      if (t.kind == LeaseKind::kImplicit) candidates_--;
       if (reason == ReleaseReason::kIdle) t.stats.reclaimed++;
       StartDetach(t.device, reason, now);
       break;

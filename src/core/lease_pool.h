@@ -179,7 +179,7 @@ class LeasePool {
   // in time order. Errors: kInvalidArgument (time went backwards).
   Status Advance(TimePoint now);
   // When Advance() next has something to do: the earliest plug-in/out completion or, while a
-  // reclaimable lease exists, the next checker round. nullopt: nothing until the next request.
+  // reclaimable lease (ready, not pinned, not in use) exists, the next checker round. nullopt: nothing until the next request.
   std::optional<TimePoint> NextTimer() const;
 
   // Drains the decisions made since the last call, in time order.
@@ -254,7 +254,7 @@ class LeasePool {
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
   uint64_t seq_ = 0;
   TimePoint next_check_{};
-  size_t candidates_ = 0;  // ready, non-pinned leases (the checker's work list is non-empty)
+  size_t candidates_ = 0;  // leases the checker may reclaim: ready, non-pinned, not in use
   size_t leased_count_ = 0;
   std::optional<TimePoint> first_request_;
   std::optional<TimePoint> last_release_;
