@@ -1,0 +1,90 @@
+// Commands and event records: what a session hands the scheduler, and how completion flows back.
+//
+// An EventRecord is the daemon's view of one client event id (a command's event or a user
+// event). Shared by the session table, the commands that depend on it and the executor. Its
+// status and backend event are guarded by mu_; `staged` and `dispatched` belong to the
+// scheduler thread alone.
+//
+// A Command is one command block of a tenant: the closure that enqueues it on the backend queue
+// (run, on the executor thread) and the closure that delivers its results (finished, on the
+// executor thread, called in the device's dispatch order, before waiters of its event run).
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/model.h"
+#include "daemon/cl_ref.h"
+
+namespace gmux::daemon {
+
+class EventRecord {
+ public:
+  using Waiter = std::function<void(cl_int status)>;
+
+  EventRecord(uint64_t client_id, bool user, uint32_t device)
+      : client_id_(client_id), user_(user), device_(device),
+        status_(user ? CL_SUBMITTED : CL_QUEUED) {}
+
+  uint64_t client_id() const { return client_id_; }
+  bool user() const { return user_; }
+  uint32_t device() const { return device_; }
+
+  // CL_QUEUED, CL_SUBMITTED, CL_RUNNING, CL_COMPLETE or a negative error.
+  cl_int status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+  bool done() const { return status() <= CL_COMPLETE; }
+
+  void SetBackend(Ref<cl_event> ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    backend_ = std::move(ev);
+    if (status_ == CL_QUEUED) status_ = CL_SUBMITTED;
+  }
+  Ref<cl_event> backend() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return backend_;
+  }
+
+  // Sets the final status (CL_COMPLETE or negative) once and runs the waiters outside the lock.
+  void Complete(cl_int status);
+
+  // Runs `w` when the event completes (now, on this thread, if it already has).
+  void AddWaiter(Waiter w);
+
+  // Scheduler-thread-only state.
+  bool staged = false;      // waiting in a tenant's staging list
+  bool dispatched = false;  // handed to its device's executor
+
+ private:
+  const uint64_t client_id_;
+  const bool user_;
+  const uint32_t device_;
+  mutable std::mutex mu_;
+  cl_int status_;  // user events start as CL_SUBMITTED, commands as CL_QUEUED
+  Ref<cl_event> backend_;
+  std::vector<Waiter> waiters_;
+};
+
+struct SessionCore;  // session.h
+
+struct Command {
+  std::shared_ptr<SessionCore> session;  // closed sessions' commands are skipped, not run
+  TenantId tenant = 0;
+  uint32_t device = 0;
+  core::CommandBlock block;
+  Ref<cl_command_queue> queue;
+  std::shared_ptr<EventRecord> event;
+  std::vector<std::shared_ptr<EventRecord>> deps;        // the wait list (backend + user events)
+  std::vector<std::shared_ptr<EventRecord>> order_deps;  // ordering only (queue order, barriers)
+  // Enqueues on the backend. `waits` holds the backend events of deps.
+  std::function<cl_int(cl_command_queue q, const std::vector<cl_event>& waits, cl_event* out)> run;
+  // Delivers results after the backend event completed (status CL_COMPLETE or negative).
+  std::function<void(cl_int status)> finished;
+};
+
+}  // namespace gmux::daemon

@@ -1,0 +1,148 @@
+#include "daemon/config.h"
+
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "sim/toml_util.h"
+
+namespace gmux::daemon {
+
+std::string DefaultSocketPath() { return "/run/gmux/gmuxd.sock"; }
+
+Status DaemonOptions::Validate() const {
+  if (max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
+  if (inflight_per_device == 0) return InvalidArgument("inflight_per_device must be > 0");
+  GMUX_RETURN_IF_ERROR(frame.Validate());
+  GMUX_RETURN_IF_ERROR(backend.Validate());
+  std::set<std::string> names;
+  std::set<uint32_t> uids;
+  for (const auto& t : tenants) {
+    if (t.name.empty()) return InvalidArgument("a tenant has an empty name");
+    if (!(t.weight > 0)) return InvalidArgument("tenant '" + t.name + "': weight must be > 0");
+    if (!names.insert(t.name).second) return InvalidArgument("tenant '" + t.name + "' twice");
+    for (uint32_t u : t.uids) {
+      if (!uids.insert(u).second) {
+        return InvalidArgument("uid " + std::to_string(u) + " is mapped to two tenants");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<TenantConfig> DaemonOptions::TenantForUid(uint32_t uid) const {
+  for (const auto& t : tenants) {
+    for (uint32_t u : t.uids) {
+      if (u == uid) return t;
+    }
+  }
+  switch (unknown_peers) {
+    case UnknownPeers::kOwnTenant:
+      return TenantConfig{"uid-" + std::to_string(uid), 1.0, {uid}};
+    case UnknownPeers::kShared:
+      for (const auto& t : tenants) {
+        if (t.name == default_tenant) return t;
+      }
+      return TenantConfig{default_tenant, 1.0, {}};
+    case UnknownPeers::kReject:
+      break;
+  }
+  return PermissionDenied("uid " + std::to_string(uid) + " is not a configured tenant");
+}
+
+Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string& path) {
+  GMUX_ASSIGN_OR_RETURN(sim::ScenarioDoc doc, sim::ScenarioDoc::Parse(text, path));
+  DaemonOptions o;
+  const toml::table& root = doc.root();
+  GMUX_RETURN_IF_ERROR(doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant"}));
+
+  GMUX_ASSIGN_OR_RETURN(const toml::table* d, doc.Table(root, "daemon", false));
+  if (d != nullptr) {
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*d, {"socket", "socket_mode", "max_sessions",
+                                           "max_bulk_bytes_per_session", "inflight_per_device",
+                                           "max_frame_bytes"}));
+    GMUX_ASSIGN_OR_RETURN(o.socket_path, doc.String(*d, "socket", ""));
+    GMUX_ASSIGN_OR_RETURN(int64_t mode, doc.Integer(*d, "socket_mode", 0666, 0, 0777));
+    o.socket_mode = static_cast<uint32_t>(mode);
+    GMUX_ASSIGN_OR_RETURN(int64_t ms, doc.Integer(*d, "max_sessions", 256, 1, 1 << 20));
+    o.max_sessions = static_cast<uint32_t>(ms);
+    GMUX_ASSIGN_OR_RETURN(int64_t mb, doc.Integer(*d, "max_bulk_bytes_per_session",
+                                                  static_cast<int64_t>(2ull << 30), 1 << 20,
+                                                  INT64_MAX));
+    o.max_bulk_bytes_per_session = static_cast<uint64_t>(mb);
+    GMUX_ASSIGN_OR_RETURN(int64_t inf, doc.Integer(*d, "inflight_per_device", 4, 1, 1024));
+    o.inflight_per_device = static_cast<uint32_t>(inf);
+    GMUX_ASSIGN_OR_RETURN(int64_t mf, doc.Integer(*d, "max_frame_bytes",
+                                                  proto::kDefaultMaxPayloadBytes,
+                                                  2 * proto::kBulkChunkBytes, 1u << 30));
+    if (mf % 8 != 0) {
+      return doc.Error(d->get("max_frame_bytes"), "max_frame_bytes", "must be a multiple of 8");
+    }
+    o.frame.max_payload_bytes = static_cast<uint32_t>(mf);
+  }
+
+  GMUX_ASSIGN_OR_RETURN(const toml::table* b, doc.Table(root, "backend", false));
+  if (b != nullptr) {
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*b, {"library", "vendors_dir", "platform"}));
+    GMUX_ASSIGN_OR_RETURN(o.backend.library, doc.String(*b, "library", ""));
+    GMUX_ASSIGN_OR_RETURN(o.backend.vendors_dir,
+                          doc.String(*b, "vendors_dir", "/etc/OpenCL/vendors"));
+    GMUX_ASSIGN_OR_RETURN(o.backend.platform, doc.String(*b, "platform", ""));
+  }
+
+  GMUX_ASSIGN_OR_RETURN(const toml::table* s, doc.Table(root, "scheduler", false));
+  if (s != nullptr) {
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*s, {"policy", "params"}));
+    GMUX_ASSIGN_OR_RETURN(o.policy, doc.String(*s, "policy", "fifo"));
+    GMUX_ASSIGN_OR_RETURN(const toml::table* p, doc.Table(*s, "params", false));
+    if (p != nullptr) {
+      for (const auto& [k, v] : *p) {
+        std::string key(k.str());
+        GMUX_ASSIGN_OR_RETURN(double x, doc.Number(*p, key, std::nullopt));
+        o.policy_params[key] = x;
+      }
+    }
+    core::PolicySpec spec{o.policy, o.policy_params, {}};
+    auto made = core::MakePolicy(spec);
+    if (!made.ok()) return doc.Error(s->get("policy"), "policy", made.status().message());
+  }
+
+  GMUX_ASSIGN_OR_RETURN(const toml::table* t, doc.Table(root, "tenants", false));
+  if (t != nullptr) {
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*t, {"unknown_peers", "default_tenant"}));
+    GMUX_ASSIGN_OR_RETURN(std::string up, doc.Choice(*t, "unknown_peers", "own-tenant",
+                                                     {"own-tenant", "shared", "reject"}));
+    o.unknown_peers = up == "own-tenant" ? UnknownPeers::kOwnTenant
+                      : up == "shared"   ? UnknownPeers::kShared
+                                         : UnknownPeers::kReject;
+    GMUX_ASSIGN_OR_RETURN(o.default_tenant, doc.String(*t, "default_tenant", "default"));
+  }
+
+  GMUX_ASSIGN_OR_RETURN(auto tenant_tables, doc.Tables(root, "tenant", false));
+  for (const toml::table* tt : tenant_tables) {
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, {"name", "weight", "uids"}));
+    TenantConfig tc;
+    GMUX_ASSIGN_OR_RETURN(tc.name, doc.String(*tt, "name", std::nullopt));
+    GMUX_ASSIGN_OR_RETURN(tc.weight, doc.Number(*tt, "weight", 1.0, 1e-9));
+    GMUX_ASSIGN_OR_RETURN(std::vector<double> uids, doc.Numbers(*tt, "uids", std::vector<double>{}));
+    for (double u : uids) {
+      if (u < 0 || u > 4294967295.0 || u != static_cast<double>(static_cast<uint32_t>(u))) {
+        return doc.Error(tt->get("uids"), "uids", "expected non-negative integer uids");
+      }
+      tc.uids.push_back(static_cast<uint32_t>(u));
+    }
+    o.tenants.push_back(std::move(tc));
+  }
+  Status v = o.Validate();
+  if (!v.ok()) return InvalidArgument(path + ": " + v.message());
+  return o;
+}
+
+Result<DaemonOptions> LoadDaemonConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot open config file '" + path + "'");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseDaemonConfig(text, path);
+}
+
+}  // namespace gmux::daemon

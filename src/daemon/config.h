@@ -1,0 +1,61 @@
+// DaemonOptions: everything gmuxd is configured with, and its TOML loader.
+//
+// Defaults (no config file at all): serve every device of the first non-gmux vendor ICD, policy
+// `fifo`, socket DefaultSocketPath(), every local user its own tenant ("uid-<N>"), weight 1.
+// See docs/operations.md for the file format; every key is optional. Errors name the file, the
+// line and the key.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "core/policy.h"
+#include "daemon/backend.h"
+#include "proto/frame.h"
+
+namespace gmux::daemon {
+
+// What happens to a local peer whose uid no [[tenant]] lists.
+enum class UnknownPeers {
+  kOwnTenant,  // each uid becomes its own tenant "uid-<N>" (default)
+  kShared,     // all of them share the tenant `default_tenant`
+  kReject,     // the handshake fails
+};
+
+struct TenantConfig {
+  std::string name;
+  double weight = 1.0;
+  std::vector<uint32_t> uids;  // local peers mapped to this tenant
+};
+
+struct DaemonOptions {
+  std::string socket_path;                      // empty: DefaultSocketPath()
+  uint32_t socket_mode = 0666;                  // permissions of the socket file
+  uint32_t max_sessions = 256;
+  uint64_t max_bulk_bytes_per_session = 2ull << 30;  // staged upload bytes one session may hold
+  uint32_t inflight_per_device = 4;             // dispatched, unfinished commands per device
+  proto::FrameLimits frame;
+  BackendOptions backend;
+  std::string policy = "fifo";
+  std::map<std::string, double> policy_params;
+  UnknownPeers unknown_peers = UnknownPeers::kOwnTenant;
+  std::string default_tenant = "default";
+  std::vector<TenantConfig> tenants;
+
+  Status Validate() const;
+  // The configured tenant for a local uid, or the default rule's answer (kPermissionDenied when
+  // unknown peers are rejected).
+  Result<TenantConfig> TenantForUid(uint32_t uid) const;
+};
+
+// The socket clients use when neither GMUX_SOCKET nor a config names one.
+std::string DefaultSocketPath();
+
+// Parses a config file. kNotFound for a missing file, kInvalidArgument "FILE:LINE: key 'K': ...".
+Result<DaemonOptions> LoadDaemonConfig(const std::string& path);
+Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string& path);
+
+}  // namespace gmux::daemon

@@ -1,0 +1,998 @@
+#include "daemon/session.h"
+
+#include <kj/exception.h>
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+namespace gmux::daemon {
+
+namespace wire = proto::wire;
+
+void SessionCore::Send(capnp::MessageBuilder& message) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (closed.load()) return;
+  proto::WriteFrame(fd, proto::FrameKind::kReply, message, limits).IgnoreError();
+}
+
+void SessionCore::Close() {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  closed = true;
+  if (fd >= 0) {
+    ::shutdown(fd, SHUT_RDWR);
+    ::close(fd);
+    fd = -1;
+  }
+}
+
+void SessionCore::SendStatus(uint64_t seq, cl_int status, const std::string& message) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Reply>();
+  r.setSeq(seq);
+  r.setStatus(status);
+  r.setMessage(message);
+  Send(b);
+}
+
+cl_int StatusToCl(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk: return CL_SUCCESS;
+    case StatusCode::kNotFound: return CL_INVALID_VALUE;
+    case StatusCode::kPermissionDenied: return CL_INVALID_OPERATION;
+    case StatusCode::kResourceExhausted: return CL_OUT_OF_RESOURCES;
+    case StatusCode::kUnavailable: return CL_DEVICE_NOT_AVAILABLE;
+    case StatusCode::kUnimplemented: return CL_INVALID_OPERATION;
+    case StatusCode::kFailedPrecondition: return CL_INVALID_OPERATION;
+    default: return CL_INVALID_VALUE;
+  }
+}
+
+namespace {
+
+constexpr size_t kMaxInfoBytes = 1u << 20;
+
+// Info parameters whose values are handles or host pointers: the client answers them itself,
+// and the daemon never sends a backend address.
+bool IsHandleParam(uint32_t p) {
+  switch (p) {
+    case CL_DEVICE_PLATFORM: case CL_DEVICE_PARENT_DEVICE:
+    case CL_CONTEXT_DEVICES: case CL_CONTEXT_PROPERTIES:
+    case CL_QUEUE_CONTEXT: case CL_QUEUE_DEVICE:
+    case CL_MEM_CONTEXT: case CL_MEM_ASSOCIATED_MEMOBJECT: case CL_MEM_HOST_PTR:
+    case CL_PROGRAM_CONTEXT: case CL_PROGRAM_DEVICES:
+    case CL_KERNEL_PROGRAM: case CL_KERNEL_CONTEXT:
+    case CL_EVENT_COMMAND_QUEUE: case CL_EVENT_CONTEXT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The end (exclusive) of a rectangular region in a linear memory, or false on overflow or an
+// empty region. Pitches of 0 take their OpenCL defaults and are written back.
+bool RectEnd(const size_t origin[3], const size_t region[3], size_t& row_pitch,
+             size_t& slice_pitch, uint64_t& end) {
+  if (region[0] == 0 || region[1] == 0 || region[2] == 0) return false;
+  if (row_pitch == 0) row_pitch = region[0];
+  size_t min_slice = 0;
+  if (__builtin_mul_overflow(region[1], row_pitch, &min_slice)) return false;
+  if (slice_pitch == 0) slice_pitch = min_slice;
+  if (row_pitch < region[0] || slice_pitch < min_slice) return false;
+  uint64_t z = 0, y = 0, x = 0, zs = 0, yr = 0, sum = 0;
+  if (__builtin_add_overflow(origin[2], region[2] - 1, &z) ||
+      __builtin_add_overflow(origin[1], region[1] - 1, &y) ||
+      __builtin_add_overflow(origin[0], region[0], &x) ||
+      __builtin_mul_overflow(z, slice_pitch, &zs) || __builtin_mul_overflow(y, row_pitch, &yr) ||
+      __builtin_add_overflow(zs, yr, &sum) || __builtin_add_overflow(sum, x, &sum)) {
+    return false;
+  }
+  if (sum > (1ull << 62)) return false;
+  end = sum;
+  return true;
+}
+
+bool Triple(capnp::List<uint64_t>::Reader l, size_t out[3]) {
+  if (l.size() != 3) return false;
+  for (unsigned i = 0; i < 3; ++i) out[i] = static_cast<size_t>(l[i]);
+  return true;
+}
+
+struct RectArgs {
+  size_t buffer_origin[3];
+  size_t host_origin[3];
+  size_t region[3];
+  size_t brp, bsp, hrp, hsp;
+  uint64_t buffer_end = 0;
+  uint64_t host_end = 0;
+};
+
+bool DecodeRect(wire::Rect::Reader r, RectArgs& a) {
+  if (!Triple(r.getBufferOrigin(), a.buffer_origin) || !Triple(r.getHostOrigin(), a.host_origin) ||
+      !Triple(r.getRegion(), a.region)) {
+    return false;
+  }
+  a.brp = r.getBufferRowPitch();
+  a.bsp = r.getBufferSlicePitch();
+  a.hrp = r.getHostRowPitch();
+  a.hsp = r.getHostSlicePitch();
+  return RectEnd(a.buffer_origin, a.region, a.brp, a.bsp, a.buffer_end) &&
+         RectEnd(a.host_origin, a.region, a.hrp, a.hsp, a.host_end);
+}
+
+}  // namespace
+
+Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Scheduler& scheduler,
+                 const DaemonOptions& options)
+    : core_(std::move(core)), backend_(backend), cl_(backend.cl()), scheduler_(scheduler),
+      options_(options) {}
+
+Session::~Session() { core_->closed = true; }
+
+Result<cl_device_id> Session::DeviceFor(uint64_t id) const {
+  if (id >= backend_.devices().size()) return NotFound("unknown device id " + std::to_string(id));
+  return backend_.devices()[id];
+}
+
+Status Session::Serve() {
+  for (;;) {
+    auto msg = proto::ReadFrame(core_->fd, proto::FrameKind::kRequest, core_->limits);
+    if (!msg.ok()) return msg.status();
+    capnp::MallocMessageBuilder reply;
+    bool replied = false;
+    uint64_t seq = 0;
+    Err err;
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+      auto req = msg->root<wire::Request>();
+      seq = req.getSeq();
+      err = Handle(req, reply, replied);
+    })) {
+      // Decoding validated the message, so this is a limit hit while reading it.
+      return DataLoss(std::string("malformed request: ") + e->getDescription().cStr());
+    }
+    if (replied) continue;
+    if (seq != 0) {
+      auto r = reply.getRoot<wire::Reply>();
+      r.setSeq(seq);
+      r.setStatus(err.code);
+      if (!err.ok()) r.setMessage(err.message);
+      core_->Send(reply);
+    } else if (!err.ok()) {
+      // An asynchronous request failed: report it unasked (seq 0); the client returns it from
+      // its next blocking call.
+      core_->SendStatus(0, err.code, err.message);
+    }
+  }
+}
+
+template <typename Table>
+auto* FindId(Table& table, uint64_t id) {
+  auto it = table.find(id);
+  return it == table.end() ? nullptr : &it->second;
+}
+
+// Declares `var` pointing at the entry for `id`, or returns the OpenCL error `code`.
+#define GMUX_LOOKUP(var, table, id, code, what)                                          \
+  auto* var = FindId(table, id);                                                        \
+  if (var == nullptr) {                                                                 \
+    return Err{code, std::string("unknown ") + (what) + " id " + std::to_string(id)};   \
+  }
+
+Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuilder& reply,
+                             bool& replied) {
+  auto root = reply.initRoot<wire::Reply>();
+  switch (req.which()) {
+    case wire::Request::HELLO:
+      return {CL_INVALID_OPERATION, "hello sent twice"};
+
+    case wire::Request::GET_INFO:
+      return GetInfo(req.getGetInfo(), reply);
+
+    case wire::Request::CREATE_CONTEXT: {
+      auto r = req.getCreateContext();
+      if (contexts_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "context id in use"};
+      if (r.getDevices().size() == 0 || r.getDevices().size() > backend_.devices().size()) {
+        return {CL_INVALID_VALUE, "bad device list"};
+      }
+      std::vector<cl_device_id> devs;
+      std::vector<uint32_t> idx;
+      for (uint64_t d : r.getDevices()) {
+        auto dev = DeviceFor(d);
+        if (!dev.ok()) return {CL_INVALID_DEVICE, dev.status().message()};
+        devs.push_back(*dev);
+        idx.push_back(static_cast<uint32_t>(d));
+      }
+      cl_context_properties props[] = {CL_CONTEXT_PLATFORM,
+                                       reinterpret_cast<cl_context_properties>(backend_.platform()),
+                                       0};
+      cl_int err = CL_SUCCESS;
+      cl_context c = cl_.clCreateContext(props, static_cast<cl_uint>(devs.size()), devs.data(),
+                                         nullptr, nullptr, &err);
+      if (c == nullptr) return {err, "clCreateContext failed"};
+      contexts_[r.getId()] = {Adopt(c), std::move(idx)};
+      return {};
+    }
+
+    case wire::Request::CREATE_QUEUE: {
+      auto r = req.getCreateQueue();
+      if (queues_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "queue id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      if (std::find(ctx->devices.begin(), ctx->devices.end(), r.getDevice()) == ctx->devices.end()) {
+        return {CL_INVALID_DEVICE, "device is not in the context"};
+      }
+      cl_command_queue_properties props = r.getProperties();
+      if (props & ~static_cast<cl_command_queue_properties>(CL_QUEUE_PROFILING_ENABLE |
+                                                            CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)) {
+        return {CL_INVALID_VALUE, "unknown queue properties"};
+      }
+      cl_int err = CL_SUCCESS;
+      // Backend queues always profile: the scheduler needs device START/END for every command.
+      cl_command_queue q = cl_.clCreateCommandQueue(
+          ctx->ctx->h, backend_.devices()[r.getDevice()], props | CL_QUEUE_PROFILING_ENABLE, &err);
+      if (q == nullptr) return {err, "clCreateCommandQueue failed"};
+      QueueObj qo;
+      qo.q = Adopt(q);
+      qo.device = static_cast<uint32_t>(r.getDevice());
+      qo.in_order = (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) == 0;
+      queues_[r.getId()] = std::move(qo);
+      return {};
+    }
+
+    case wire::Request::CREATE_BUFFER: {
+      auto r = req.getCreateBuffer();
+      if (mems_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "mem id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      cl_mem_flags flags = r.getFlags() & ~static_cast<cl_mem_flags>(
+                                              CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR |
+                                              CL_MEM_ALLOC_HOST_PTR);
+      std::shared_ptr<Bulk> init;
+      if (r.getInitialData() != 0) {
+        Err e = TakeBulk(r.getInitialData(), r.getSize(), init);
+        if (!e.ok()) return e;
+        flags |= CL_MEM_COPY_HOST_PTR;
+      }
+      cl_int err = CL_SUCCESS;
+      cl_mem m = cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
+                                    init ? init->bytes.data() : nullptr, &err);
+      if (init) core_->bulk_bytes.fetch_sub(init->bytes.size());
+      if (m == nullptr) return {err, "clCreateBuffer failed"};
+      mems_[r.getId()] = {Adopt(m), r.getSize()};
+      return {};
+    }
+
+    case wire::Request::CREATE_SUB_BUFFER: {
+      auto r = req.getCreateSubBuffer();
+      if (mems_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "mem id in use"};
+      GMUX_LOOKUP(parent, mems_, r.getParent(), CL_INVALID_MEM_OBJECT, "mem");
+      if (r.getOrigin() > parent->size || r.getSize() > parent->size - r.getOrigin()) {
+        return {CL_INVALID_VALUE, "sub-buffer region outside its parent"};
+      }
+      cl_buffer_region region{r.getOrigin(), r.getSize()};
+      cl_int err = CL_SUCCESS;
+      cl_mem m = cl_.clCreateSubBuffer(parent->mem->h, r.getFlags(), CL_BUFFER_CREATE_TYPE_REGION,
+                                       &region, &err);
+      if (m == nullptr) return {err, "clCreateSubBuffer failed"};
+      mems_[r.getId()] = {Adopt(m), r.getSize()};
+      return {};
+    }
+
+    case wire::Request::CREATE_PROGRAM_WITH_SOURCE: {
+      auto r = req.getCreateProgramWithSource();
+      if (programs_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "program id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      const char* src = r.getSource().cStr();
+      size_t len = r.getSource().size();
+      cl_int err = CL_SUCCESS;
+      cl_program p = cl_.clCreateProgramWithSource(ctx->ctx->h, 1, &src, &len, &err);
+      if (p == nullptr) return {err, "clCreateProgramWithSource failed"};
+      programs_[r.getId()] = {Adopt(p), ctx->devices};
+      return {};
+    }
+
+    case wire::Request::CREATE_PROGRAM_WITH_BINARY: {
+      auto r = req.getCreateProgramWithBinary();
+      if (programs_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "program id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      auto devs = r.getDevices();
+      auto bins = r.getBinaries();
+      if (devs.size() == 0 || devs.size() != bins.size() || devs.size() > ctx->devices.size()) {
+        return {CL_INVALID_VALUE, "device and binary lists differ"};
+      }
+      std::vector<cl_device_id> dv;
+      std::vector<uint32_t> idx;
+      std::vector<size_t> lens;
+      std::vector<const unsigned char*> ptrs;
+      for (unsigned i = 0; i < devs.size(); ++i) {
+        if (std::find(ctx->devices.begin(), ctx->devices.end(), devs[i]) == ctx->devices.end()) {
+          return {CL_INVALID_DEVICE, "device is not in the context"};
+        }
+        dv.push_back(backend_.devices()[devs[i]]);
+        idx.push_back(static_cast<uint32_t>(devs[i]));
+        lens.push_back(bins[i].size());
+        ptrs.push_back(bins[i].begin());
+      }
+      std::vector<cl_int> status(dv.size(), CL_SUCCESS);
+      cl_int err = CL_SUCCESS;
+      cl_program p = cl_.clCreateProgramWithBinary(ctx->ctx->h, static_cast<cl_uint>(dv.size()),
+                                                   dv.data(), lens.data(), ptrs.data(),
+                                                   status.data(), &err);
+      auto bs = root.initBinaryStatus(static_cast<unsigned>(status.size()));
+      for (unsigned i = 0; i < status.size(); ++i) bs.set(i, status[i]);
+      if (p == nullptr) return {err, "clCreateProgramWithBinary failed"};
+      programs_[r.getId()] = {Adopt(p), std::move(idx)};
+      return {};
+    }
+
+    case wire::Request::BUILD_PROGRAM:
+    case wire::Request::COMPILE_PROGRAM: {
+      bool build = req.isBuildProgram();
+      uint64_t pid = build ? req.getBuildProgram().getProgram() : req.getCompileProgram().getProgram();
+      auto devs = build ? req.getBuildProgram().getDevices() : req.getCompileProgram().getDevices();
+      std::string options = build ? req.getBuildProgram().getOptions().cStr()
+                                  : req.getCompileProgram().getOptions().cStr();
+      GMUX_LOOKUP(p, programs_, pid, CL_INVALID_PROGRAM, "program");
+      std::vector<cl_device_id> dv;
+      for (uint64_t d : devs) {
+        if (std::find(p->devices.begin(), p->devices.end(), d) == p->devices.end()) {
+          return {CL_INVALID_DEVICE, "device is not associated with the program"};
+        }
+        dv.push_back(backend_.devices()[d]);
+      }
+      cl_int err;
+      if (build) {
+        err = cl_.clBuildProgram(p->program->h, static_cast<cl_uint>(dv.size()),
+                                 dv.empty() ? nullptr : dv.data(), options.c_str(), nullptr,
+                                 nullptr);
+      } else {
+        auto r = req.getCompileProgram();
+        if (r.getHeaders().size() != r.getHeaderNames().size()) {
+          return {CL_INVALID_VALUE, "header lists differ"};
+        }
+        std::vector<cl_program> headers;
+        std::vector<const char*> names;
+        for (unsigned i = 0; i < r.getHeaders().size(); ++i) {
+          GMUX_LOOKUP(h, programs_, r.getHeaders()[i], CL_INVALID_PROGRAM, "program");
+          headers.push_back(h->program->h);
+          names.push_back(r.getHeaderNames()[i].cStr());
+        }
+        err = cl_.clCompileProgram(p->program->h, static_cast<cl_uint>(dv.size()),
+                                   dv.empty() ? nullptr : dv.data(), options.c_str(),
+                                   static_cast<cl_uint>(headers.size()),
+                                   headers.empty() ? nullptr : headers.data(),
+                                   names.empty() ? nullptr : names.data(), nullptr, nullptr);
+      }
+      if (err != CL_SUCCESS) {
+        return {err, build ? "program build failed (see the build log)"
+                           : "program compile failed (see the build log)"};
+      }
+      return {};
+    }
+
+    case wire::Request::LINK_PROGRAM: {
+      auto r = req.getLinkProgram();
+      if (programs_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "program id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      std::vector<cl_device_id> dv;
+      std::vector<uint32_t> idx;
+      for (uint64_t d : r.getDevices()) {
+        if (std::find(ctx->devices.begin(), ctx->devices.end(), d) == ctx->devices.end()) {
+          return {CL_INVALID_DEVICE, "device is not in the context"};
+        }
+        dv.push_back(backend_.devices()[d]);
+        idx.push_back(static_cast<uint32_t>(d));
+      }
+      std::vector<cl_program> inputs;
+      for (uint64_t in : r.getInputs()) {
+        GMUX_LOOKUP(p, programs_, in, CL_INVALID_PROGRAM, "program");
+        inputs.push_back(p->program->h);
+      }
+      cl_int err = CL_SUCCESS;
+      cl_program p = cl_.clLinkProgram(ctx->ctx->h, static_cast<cl_uint>(dv.size()),
+                                       dv.empty() ? nullptr : dv.data(), r.getOptions().cStr(),
+                                       static_cast<cl_uint>(inputs.size()), inputs.data(), nullptr,
+                                       nullptr, &err);
+      if (p == nullptr) return {err != CL_SUCCESS ? err : CL_LINK_PROGRAM_FAILURE, "link failed"};
+      programs_[r.getId()] = {Adopt(p), idx.empty() ? ctx->devices : idx};
+      if (err != CL_SUCCESS) return {err, "link failed (see the build log)"};
+      return {};
+    }
+
+    case wire::Request::CREATE_KERNEL: {
+      auto r = req.getCreateKernel();
+      if (kernels_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "kernel id in use"};
+      GMUX_LOOKUP(p, programs_, r.getProgram(), CL_INVALID_PROGRAM, "program");
+      cl_int err = CL_SUCCESS;
+      cl_kernel k = cl_.clCreateKernel(p->program->h, r.getName().cStr(), &err);
+      if (k == nullptr) return {err, std::string("clCreateKernel failed for '") + r.getName().cStr() + "'"};
+      cl_uint nargs = 0;
+      cl_.clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof(nargs), &nargs, nullptr);
+      kernels_[r.getId()] = {Adopt(k), std::make_shared<std::mutex>(), nargs};
+      root.initKernel().setNumArgs(nargs);
+      return {};
+    }
+
+    case wire::Request::CREATE_USER_EVENT: {
+      auto r = req.getCreateUserEvent();
+      if (events_.count(r.getId()) != 0 || r.getId() == 0) return {CL_INVALID_VALUE, "event id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      (void)ctx;
+      events_[r.getId()] = std::make_shared<EventRecord>(r.getId(), true, 0);
+      return {};
+    }
+
+    case wire::Request::SET_USER_EVENT_STATUS: {
+      auto r = req.getSetUserEventStatus();
+      GMUX_LOOKUP(ev, events_, r.getId(), CL_INVALID_EVENT, "event");
+      if (!(*ev)->user()) return {CL_INVALID_EVENT, "not a user event"};
+      if (r.getStatus() > CL_COMPLETE) return {CL_INVALID_VALUE, "status must be CL_COMPLETE or negative"};
+      if ((*ev)->done()) return {CL_INVALID_OPERATION, "user event status already set"};
+      (*ev)->Complete(r.getStatus());
+      scheduler_.Rescan();
+      return {};
+    }
+
+    case wire::Request::RELEASE: {
+      auto r = req.getRelease();
+      size_t n = 0;
+      switch (r.getKind()) {
+        case wire::ObjectKind::CONTEXT: n = contexts_.erase(r.getId()); break;
+        case wire::ObjectKind::QUEUE: n = queues_.erase(r.getId()); break;
+        case wire::ObjectKind::MEM: n = mems_.erase(r.getId()); break;
+        case wire::ObjectKind::PROGRAM: n = programs_.erase(r.getId()); break;
+        case wire::ObjectKind::KERNEL: n = kernels_.erase(r.getId()); break;
+        case wire::ObjectKind::EVENT: n = events_.erase(r.getId()); break;
+        default: break;
+      }
+      if (n == 0) return {CL_INVALID_VALUE, "release of unknown id " + std::to_string(r.getId())};
+      return {};
+    }
+
+    case wire::Request::BULK_BEGIN: {
+      auto r = req.getBulkBegin();
+      if (r.getToken() == 0 || bulk_.count(r.getToken()) != 0) return {CL_INVALID_VALUE, "bulk token in use"};
+      uint64_t held = core_->bulk_bytes.load();
+      if (r.getSize() > options_.max_bulk_bytes_per_session ||
+          held + r.getSize() > options_.max_bulk_bytes_per_session) {
+        return {CL_OUT_OF_RESOURCES, "bulk transfer of " + std::to_string(r.getSize()) +
+                                         " bytes exceeds the session limit"};
+      }
+      auto b = std::make_shared<Bulk>();
+      try {
+        b->bytes.resize(r.getSize());
+      } catch (const std::bad_alloc&) {
+        return {CL_OUT_OF_HOST_MEMORY, "cannot stage bulk data"};
+      }
+      core_->bulk_bytes.fetch_add(r.getSize());
+      bulk_[r.getToken()] = std::move(b);
+      return {};
+    }
+
+    case wire::Request::BULK_DATA: {
+      auto r = req.getBulkData();
+      GMUX_LOOKUP(b, bulk_, r.getToken(), CL_INVALID_VALUE, "bulk token");
+      auto data = r.getData();
+      Bulk& bulk = **b;
+      if (r.getOffset() > bulk.bytes.size() || data.size() > bulk.bytes.size() - r.getOffset()) {
+        return {CL_INVALID_VALUE, "bulk data outside its transfer"};
+      }
+      std::memcpy(bulk.bytes.data() + r.getOffset(), data.begin(), data.size());
+      bulk.filled += data.size();
+      return {};
+    }
+
+    case wire::Request::ENQUEUE:
+      return Enqueue(req.getSeq(), req.getEnqueue(), replied);
+
+    case wire::Request::FINISH:
+      return Finish(req.getSeq(), req.getFinish(), replied);
+
+    case wire::Request::WAIT_EVENTS:
+      return WaitEvents(req.getSeq(), req.getWaitEvents(), replied);
+
+    case wire::Request::STATS: {
+      auto s = root.initStats();
+      s.setLiveBackendObjects(LiveBackendObjects());
+      s.setPendingCommands(scheduler_.Outstanding());
+      s.setBulkBytes(core_->bulk_bytes.load());
+      return {};
+    }
+  }
+  return {CL_INVALID_OPERATION, "unknown request"};
+}
+
+Session::Err Session::TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out) {
+  auto it = bulk_.find(token);
+  if (it == bulk_.end()) return {CL_INVALID_VALUE, "unknown bulk token " + std::to_string(token)};
+  out = std::move(it->second);
+  bulk_.erase(it);
+  if (out->bytes.size() != expected || out->filled != out->bytes.size()) {
+    core_->bulk_bytes.fetch_sub(out->bytes.size());
+    out.reset();
+    return {CL_INVALID_VALUE, "bulk data does not match the command's size"};
+  }
+  return {};
+}
+
+Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuilder& reply) {
+  const uint32_t p = r.getParam();
+  if (IsHandleParam(p)) return {CL_INVALID_VALUE, "handle-valued parameter"};
+  const uint64_t id = r.getId();
+  // A two-call query (size, then value) through one of the backend's info functions.
+  auto query = [&](auto&& call) -> Err {
+    size_t n = 0;
+    cl_int err = call(0, nullptr, &n);
+    if (err != CL_SUCCESS) return {err, "query failed"};
+    if (n > kMaxInfoBytes) return {CL_OUT_OF_RESOURCES, "info value too large"};
+    std::vector<uint8_t> v(n);
+    if (n > 0) {
+      err = call(n, v.data(), nullptr);
+      if (err != CL_SUCCESS) return {err, "query failed"};
+    }
+    reply.getRoot<wire::Reply>().setInfo(kj::arrayPtr(v.data(), v.size()));
+    return {};
+  };
+  cl_device_id dev = nullptr;
+  if (r.getHasDevice()) {
+    auto d = DeviceFor(r.getDevice());
+    if (!d.ok()) return {CL_INVALID_DEVICE, d.status().message()};
+    dev = *d;
+  }
+  switch (r.getKind()) {
+    case wire::ObjectKind::PLATFORM:
+      return query([&](size_t s, void* v, size_t* o) {
+        return cl_.clGetPlatformInfo(backend_.platform(), p, s, v, o);
+      });
+    case wire::ObjectKind::DEVICE: {
+      auto d = DeviceFor(id);
+      if (!d.ok()) return {CL_INVALID_DEVICE, d.status().message()};
+      return query([&](size_t s, void* v, size_t* o) { return cl_.clGetDeviceInfo(*d, p, s, v, o); });
+    }
+    case wire::ObjectKind::CONTEXT: {
+      GMUX_LOOKUP(c, contexts_, id, CL_INVALID_CONTEXT, "context");
+      return query([&](size_t s, void* v, size_t* o) {
+        return cl_.clGetContextInfo(c->ctx->h, p, s, v, o);
+      });
+    }
+    case wire::ObjectKind::MEM: {
+      GMUX_LOOKUP(m, mems_, id, CL_INVALID_MEM_OBJECT, "mem");
+      return query([&](size_t s, void* v, size_t* o) {
+        return cl_.clGetMemObjectInfo(m->mem->h, p, s, v, o);
+      });
+    }
+    case wire::ObjectKind::PROGRAM: {
+      GMUX_LOOKUP(pr, programs_, id, CL_INVALID_PROGRAM, "program");
+      cl_program h = pr->program->h;
+      if (p >= CL_PROGRAM_BUILD_STATUS && p <= CL_PROGRAM_BUILD_GLOBAL_VARIABLE_TOTAL_SIZE) {
+        if (dev == nullptr) return {CL_INVALID_DEVICE, "build info needs a device"};
+        return query([&](size_t s, void* v, size_t* o) {
+          return cl_.clGetProgramBuildInfo(h, dev, p, s, v, o);
+        });
+      }
+      if (p == CL_PROGRAM_BINARIES) {
+        size_t nd = pr->devices.size();
+        std::vector<size_t> sizes(nd);
+        cl_int err = cl_.clGetProgramInfo(h, CL_PROGRAM_BINARY_SIZES, nd * sizeof(size_t),
+                                          sizes.data(), nullptr);
+        if (err != CL_SUCCESS) return {err, "binary sizes query failed"};
+        uint64_t total = 0;
+        for (size_t s : sizes) total += s;
+        if (total > core_->limits.max_payload_bytes / 2) return {CL_OUT_OF_RESOURCES, "binaries too large"};
+        std::vector<uint8_t> all(total);
+        std::vector<unsigned char*> ptrs(nd);
+        uint64_t at = 0;
+        for (size_t i = 0; i < nd; ++i) {
+          ptrs[i] = all.data() + at;
+          at += sizes[i];
+        }
+        err = cl_.clGetProgramInfo(h, CL_PROGRAM_BINARIES, nd * sizeof(unsigned char*), ptrs.data(),
+                                   nullptr);
+        if (err != CL_SUCCESS) return {err, "binaries query failed"};
+        reply.getRoot<wire::Reply>().setInfo(kj::arrayPtr(all.data(), all.size()));
+        return {};
+      }
+      return query([&](size_t s, void* v, size_t* o) { return cl_.clGetProgramInfo(h, p, s, v, o); });
+    }
+    case wire::ObjectKind::KERNEL: {
+      GMUX_LOOKUP(k, kernels_, id, CL_INVALID_KERNEL, "kernel");
+      cl_kernel h = k->kernel->h;
+      if (p >= CL_KERNEL_ARG_ADDRESS_QUALIFIER && p <= CL_KERNEL_ARG_NAME) {
+        if (r.getArgIndex() >= k->num_args) return {CL_INVALID_ARG_INDEX, "no such argument"};
+        return query([&](size_t s, void* v, size_t* o) {
+          return cl_.clGetKernelArgInfo(h, r.getArgIndex(), p, s, v, o);
+        });
+      }
+      if (p >= CL_KERNEL_WORK_GROUP_SIZE && p <= CL_KERNEL_GLOBAL_WORK_SIZE) {
+        if (dev == nullptr) dev = backend_.devices()[0];
+        return query([&](size_t s, void* v, size_t* o) {
+          return cl_.clGetKernelWorkGroupInfo(h, dev, p, s, v, o);
+        });
+      }
+      return query([&](size_t s, void* v, size_t* o) { return cl_.clGetKernelInfo(h, p, s, v, o); });
+    }
+    case wire::ObjectKind::EVENT: {
+      GMUX_LOOKUP(ev, events_, id, CL_INVALID_EVENT, "event");
+      if (p == CL_EVENT_COMMAND_EXECUTION_STATUS) {
+        cl_int st = (*ev)->status();
+        reply.getRoot<wire::Reply>().setInfo(
+            kj::arrayPtr(reinterpret_cast<const kj::byte*>(&st), sizeof(st)));
+        return {};
+      }
+      if (p >= CL_PROFILING_COMMAND_QUEUED && p <= CL_PROFILING_COMMAND_COMPLETE) {
+        Ref<cl_event> b = (*ev)->backend();
+        if (!b || (*ev)->status() != CL_COMPLETE) {
+          return {CL_PROFILING_INFO_NOT_AVAILABLE, "event not complete"};
+        }
+        return query([&](size_t s, void* v, size_t* o) {
+          return cl_.clGetEventProfilingInfo(b->h, p, s, v, o);
+        });
+      }
+      return {CL_INVALID_VALUE, "event parameter answered by the client"};
+    }
+    default:
+      return {CL_INVALID_VALUE, "unsupported object kind"};
+  }
+}
+
+void Session::Track(QueueObj& q, const std::shared_ptr<EventRecord>& ev) {
+  if (q.outstanding.size() > 64) {
+    std::erase_if(q.outstanding, [](const auto& e) { return e->done(); });
+  }
+  q.outstanding.push_back(ev);
+  if (q.in_order) q.last = ev;
+}
+
+Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& replied) {
+  const uint64_t event_id = r.getEvent();
+  if (event_id == 0 || events_.count(event_id) != 0) {
+    return {CL_INVALID_VALUE, "event id 0 or in use"};
+  }
+  GMUX_LOOKUP(q, queues_, r.getQueue(), CL_INVALID_COMMAND_QUEUE, "queue");
+  auto event = std::make_shared<EventRecord>(event_id, false, q->device);
+  // Decoding errors fail the command's event, so a later wait on it returns instead of hanging.
+  auto fail = [&](Err e) {
+    event->Complete(CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+    if (r.getKeepEvent()) events_[event_id] = event;
+    return e;
+  };
+
+  auto cmd = std::make_shared<Command>();
+  cmd->session = core_;
+  cmd->tenant = core_->tenant;
+  cmd->device = q->device;
+  cmd->queue = q->q;
+  cmd->event = event;
+  for (uint64_t w : r.getWaitList()) {
+    auto it = events_.find(w);
+    if (it == events_.end()) {
+      return fail({CL_INVALID_EVENT_WAIT_LIST, "unknown event id " + std::to_string(w)});
+    }
+    cmd->deps.push_back(it->second);
+  }
+  if (q->in_order && q->last) cmd->order_deps.push_back(q->last);
+  if (!q->in_order && q->barrier) cmd->order_deps.push_back(q->barrier);
+  cmd->block.kind = core::BlockKind::kMarker;
+
+  switch (r.which()) {
+    case wire::Enqueue::NDRANGE: {
+      auto nd = r.getNdrange();
+      GMUX_LOOKUP(k, kernels_, nd.getKernel(), CL_INVALID_KERNEL, "kernel");
+      uint32_t dim = nd.getWorkDim();
+      if (dim < 1 || dim > 3) return fail({CL_INVALID_WORK_DIMENSION, "work_dim must be 1..3"});
+      if (nd.getGlobalSize().size() != dim ||
+          (nd.getLocalSize().size() != 0 && nd.getLocalSize().size() != dim) ||
+          (nd.getGlobalOffset().size() != 0 && nd.getGlobalOffset().size() != dim)) {
+        return fail({CL_INVALID_VALUE, "work sizes do not match work_dim"});
+      }
+      if (nd.getArgs().size() != k->num_args) {
+        return fail({CL_INVALID_KERNEL_ARGS, "argument count does not match the kernel"});
+      }
+      struct Arg {
+        int kind;  // 0 value, 1 mem, 2 null mem, 3 local
+        std::vector<uint8_t> bytes;
+        Ref<cl_mem> mem;
+        size_t local = 0;
+      };
+      std::vector<Arg> args(k->num_args);
+      for (uint32_t i = 0; i < k->num_args; ++i) {
+        auto a = nd.getArgs()[i];
+        switch (a.which()) {
+          case wire::KernelArg::UNSET:
+            return fail({CL_INVALID_KERNEL_ARGS, "argument " + std::to_string(i) + " is not set"});
+          case wire::KernelArg::VALUE:
+            args[i].kind = 0;
+            args[i].bytes.assign(a.getValue().begin(), a.getValue().end());
+            break;
+          case wire::KernelArg::MEM: {
+            auto it = mems_.find(a.getMem());
+            if (it == mems_.end()) {
+              return fail({CL_INVALID_MEM_OBJECT, "argument " + std::to_string(i) +
+                                                      ": unknown mem id " + std::to_string(a.getMem())});
+            }
+            args[i].kind = 1;
+            args[i].mem = it->second.mem;
+            break;
+          }
+          case wire::KernelArg::NULL_MEM:
+            args[i].kind = 2;
+            break;
+          case wire::KernelArg::LOCAL:
+            args[i].kind = 3;
+            args[i].local = a.getLocal();
+            break;
+        }
+      }
+      std::array<size_t, 3> off{0, 0, 0}, gs{1, 1, 1}, ls{0, 0, 0};
+      bool has_local = nd.getLocalSize().size() == dim;
+      uint64_t items = 1, groups = 1;
+      for (uint32_t i = 0; i < dim; ++i) {
+        gs[i] = nd.getGlobalSize()[i];
+        if (nd.getGlobalOffset().size() == dim) off[i] = nd.getGlobalOffset()[i];
+        if (has_local) ls[i] = nd.getLocalSize()[i];
+        items *= gs[i];
+        if (has_local && ls[i] > 0) groups *= (gs[i] + ls[i] - 1) / ls[i];
+      }
+      cmd->block.kind = core::BlockKind::kKernel;
+      cmd->block.work_items = items;
+      cmd->block.work_groups = has_local ? groups : 0;
+      cmd->run = [kernel = k->kernel, mu = k->mu, args = std::move(args), dim, off, gs, ls,
+                  has_local](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+        const cl_icd_dispatch& d = Dispatch(cq);
+        std::lock_guard<std::mutex> lock(*mu);
+        for (cl_uint i = 0; i < args.size(); ++i) {
+          cl_int err = CL_SUCCESS;
+          switch (args[i].kind) {
+            case 0: err = d.clSetKernelArg(kernel->h, i, args[i].bytes.size(), args[i].bytes.data()); break;
+            case 1: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), &args[i].mem->h); break;
+            case 2: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), nullptr); break;
+            default: err = d.clSetKernelArg(kernel->h, i, args[i].local, nullptr); break;
+          }
+          if (err != CL_SUCCESS) return err;
+        }
+        return d.clEnqueueNDRangeKernel(cq, kernel->h, dim, off.data(), gs.data(),
+                                        has_local ? ls.data() : nullptr,
+                                        static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(),
+                                        out);
+      };
+      break;
+    }
+
+    case wire::Enqueue::WRITE_BUFFER: {
+      auto wb = r.getWriteBuffer();
+      GMUX_LOOKUP(m, mems_, wb.getMem(), CL_INVALID_MEM_OBJECT, "mem");
+      std::shared_ptr<Bulk> data;
+      if (wb.getIsRect()) {
+        RectArgs ra;
+        if (!DecodeRect(wb.getRect(), ra) || ra.buffer_end > m->size) {
+          return fail({CL_INVALID_VALUE, "rectangle outside the buffer or malformed"});
+        }
+        Err e = TakeBulk(wb.getBulk(), ra.host_end, data);
+        if (!e.ok()) return fail(e);
+        cmd->run = [mem = m->mem, data, ra](cl_command_queue cq, const std::vector<cl_event>& w,
+                                            cl_event* out) {
+          return Dispatch(cq).clEnqueueWriteBufferRect(
+              cq, mem->h, CL_FALSE, ra.buffer_origin, ra.host_origin, ra.region, ra.brp, ra.bsp,
+              ra.hrp, ra.hsp, data->bytes.data(), static_cast<cl_uint>(w.size()),
+              w.empty() ? nullptr : w.data(), out);
+        };
+      } else {
+        if (wb.getOffset() > m->size || wb.getSize() > m->size - wb.getOffset() || wb.getSize() == 0) {
+          return fail({CL_INVALID_VALUE, "write outside the buffer"});
+        }
+        Err e = TakeBulk(wb.getBulk(), wb.getSize(), data);
+        if (!e.ok()) return fail(e);
+        uint64_t off = wb.getOffset();
+        cmd->run = [mem = m->mem, data, off](cl_command_queue cq, const std::vector<cl_event>& w,
+                                             cl_event* out) {
+          return Dispatch(cq).clEnqueueWriteBuffer(cq, mem->h, CL_FALSE, off, data->bytes.size(),
+                                                   data->bytes.data(), static_cast<cl_uint>(w.size()),
+                                                   w.empty() ? nullptr : w.data(), out);
+        };
+      }
+      cmd->block.kind = core::BlockKind::kCopy;
+      cmd->block.bytes = data->bytes.size();
+      cmd->finished = [core = core_, data](cl_int) { core->bulk_bytes.fetch_sub(data->bytes.size()); };
+      break;
+    }
+
+    case wire::Enqueue::READ_BUFFER: {
+      auto rb = r.getReadBuffer();
+      if (seq == 0) return fail({CL_INVALID_VALUE, "a read needs a seq"});
+      GMUX_LOOKUP(m, mems_, rb.getMem(), CL_INVALID_MEM_OBJECT, "mem");
+      RectArgs ra{};
+      uint64_t host_bytes;
+      bool rect = rb.getIsRect();
+      if (rect) {
+        if (!DecodeRect(rb.getRect(), ra) || ra.buffer_end > m->size) {
+          return fail({CL_INVALID_VALUE, "rectangle outside the buffer or malformed"});
+        }
+        host_bytes = ra.host_end;
+      } else {
+        if (rb.getOffset() > m->size || rb.getSize() > m->size - rb.getOffset() || rb.getSize() == 0) {
+          return fail({CL_INVALID_VALUE, "read outside the buffer"});
+        }
+        host_bytes = rb.getSize();
+      }
+      if (core_->bulk_bytes.load() + host_bytes > options_.max_bulk_bytes_per_session) {
+        return fail({CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit"});
+      }
+      auto staging = std::make_shared<std::vector<uint8_t>>(host_bytes);
+      core_->bulk_bytes.fetch_add(host_bytes);
+      uint64_t off = rb.getOffset();
+      cmd->run = [mem = m->mem, staging, off, rect, ra](cl_command_queue cq,
+                                                        const std::vector<cl_event>& w,
+                                                        cl_event* out) {
+        const cl_icd_dispatch& d = Dispatch(cq);
+        if (rect) {
+          return d.clEnqueueReadBufferRect(cq, mem->h, CL_FALSE, ra.buffer_origin, ra.host_origin,
+                                           ra.region, ra.brp, ra.bsp, ra.hrp, ra.hsp,
+                                           staging->data(), static_cast<cl_uint>(w.size()),
+                                           w.empty() ? nullptr : w.data(), out);
+        }
+        return d.clEnqueueReadBuffer(cq, mem->h, CL_FALSE, off, staging->size(), staging->data(),
+                                     static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(),
+                                     out);
+      };
+      cmd->finished = [core = core_, staging, seq](cl_int status) {
+        if (status != CL_COMPLETE) {
+          core->SendStatus(seq, status, "read failed");
+        } else {
+          size_t at = 0;
+          do {
+            size_t n = std::min(proto::kBulkChunkBytes, staging->size() - at);
+            capnp::MallocMessageBuilder b;
+            auto rep = b.initRoot<wire::Reply>();
+            rep.setSeq(seq);
+            auto rd = rep.initReadData();
+            rd.setOffset(at);
+            rd.setData(kj::arrayPtr(staging->data() + at, n));
+            rd.setLast(at + n == staging->size());
+            core->Send(b);
+            at += n;
+          } while (at < staging->size());
+        }
+        core->bulk_bytes.fetch_sub(staging->size());
+      };
+      cmd->block.kind = core::BlockKind::kCopy;
+      cmd->block.bytes = host_bytes;
+      replied = true;  // the data (or the error) is the reply
+      break;
+    }
+
+    case wire::Enqueue::COPY_BUFFER: {
+      auto cb = r.getCopyBuffer();
+      GMUX_LOOKUP(src, mems_, cb.getSrc(), CL_INVALID_MEM_OBJECT, "mem");
+      GMUX_LOOKUP(dst, mems_, cb.getDst(), CL_INVALID_MEM_OBJECT, "mem");
+      if (cb.getIsRect()) {
+        RectArgs ra;
+        if (!DecodeRect(cb.getRect(), ra) || ra.buffer_end > src->size || ra.host_end > dst->size) {
+          return fail({CL_INVALID_VALUE, "rectangle outside a buffer or malformed"});
+        }
+        cmd->run = [s = src->mem, t = dst->mem, ra](cl_command_queue cq,
+                                                    const std::vector<cl_event>& w, cl_event* out) {
+          return Dispatch(cq).clEnqueueCopyBufferRect(
+              cq, s->h, t->h, ra.buffer_origin, ra.host_origin, ra.region, ra.brp, ra.bsp, ra.hrp,
+              ra.hsp, static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(), out);
+        };
+        cmd->block.bytes = ra.region[0] * ra.region[1] * ra.region[2];
+      } else {
+        uint64_t so = cb.getSrcOffset(), d_off = cb.getDstOffset(), n = cb.getSize();
+        if (so > src->size || n > src->size - so || d_off > dst->size || n > dst->size - d_off) {
+          return fail({CL_INVALID_VALUE, "copy outside a buffer"});
+        }
+        cmd->run = [s = src->mem, t = dst->mem, so, d_off, n](
+                       cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+          return Dispatch(cq).clEnqueueCopyBuffer(cq, s->h, t->h, so, d_off, n,
+                                                  static_cast<cl_uint>(w.size()),
+                                                  w.empty() ? nullptr : w.data(), out);
+        };
+        cmd->block.bytes = n;
+      }
+      cmd->block.kind = core::BlockKind::kCopy;
+      break;
+    }
+
+    case wire::Enqueue::FILL_BUFFER: {
+      auto fb = r.getFillBuffer();
+      GMUX_LOOKUP(m, mems_, fb.getMem(), CL_INVALID_MEM_OBJECT, "mem");
+      std::vector<uint8_t> pattern(fb.getPattern().begin(), fb.getPattern().end());
+      uint64_t off = fb.getOffset(), n = fb.getSize();
+      if (pattern.empty() || pattern.size() > 128 || off > m->size || n > m->size - off) {
+        return fail({CL_INVALID_VALUE, "fill outside the buffer or bad pattern"});
+      }
+      cmd->run = [mem = m->mem, pattern = std::move(pattern), off, n](
+                     cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+        return Dispatch(cq).clEnqueueFillBuffer(cq, mem->h, pattern.data(), pattern.size(), off, n,
+                                                static_cast<cl_uint>(w.size()),
+                                                w.empty() ? nullptr : w.data(), out);
+      };
+      cmd->block.kind = core::BlockKind::kCopy;
+      cmd->block.bytes = n;
+      break;
+    }
+
+    case wire::Enqueue::MARKER:
+    case wire::Enqueue::BARRIER: {
+      bool barrier = r.isBarrier();
+      // With an empty wait list both wait for every earlier command of the queue; commands the
+      // daemon still holds (behind user events) must be ordered explicitly.
+      if (r.getWaitList().size() == 0) {
+        for (const auto& e : q->outstanding) cmd->order_deps.push_back(e);
+      }
+      cmd->run = [barrier](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+        const cl_icd_dispatch& d = Dispatch(cq);
+        return barrier ? d.clEnqueueBarrierWithWaitList(cq, static_cast<cl_uint>(w.size()),
+                                                        w.empty() ? nullptr : w.data(), out)
+                       : d.clEnqueueMarkerWithWaitList(cq, static_cast<cl_uint>(w.size()),
+                                                       w.empty() ? nullptr : w.data(), out);
+      };
+      if (barrier && !q->in_order) q->barrier = event;
+      break;
+    }
+
+    default:
+      return fail({CL_INVALID_OPERATION, "unknown command"});
+  }
+
+  Track(*q, event);
+  if (r.getKeepEvent()) events_[event_id] = event;
+  scheduler_.Submit(std::move(cmd));
+  return {};
+}
+
+Session::Err Session::Finish(uint64_t seq, uint64_t queue, bool& replied) {
+  GMUX_LOOKUP(q, queues_, queue, CL_INVALID_COMMAND_QUEUE, "queue");
+  auto cmd = std::make_shared<Command>();
+  cmd->session = core_;
+  cmd->tenant = core_->tenant;
+  cmd->device = q->device;
+  cmd->queue = q->q;
+  cmd->event = std::make_shared<EventRecord>(0, false, q->device);
+  cmd->block.kind = core::BlockKind::kMarker;
+  std::erase_if(q->outstanding, [](const auto& e) { return e->done(); });
+  cmd->order_deps = q->outstanding;
+  cmd->run = [](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+    return Dispatch(cq).clEnqueueMarkerWithWaitList(cq, static_cast<cl_uint>(w.size()),
+                                                    w.empty() ? nullptr : w.data(), out);
+  };
+  if (seq != 0) {
+    cmd->finished = [core = core_, seq](cl_int status) {
+      core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
+    };
+    replied = true;
+  }
+  scheduler_.Submit(std::move(cmd));
+  return {};
+}
+
+Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied) {
+  if (ids.size() == 0) return {CL_INVALID_VALUE, "no events"};
+  std::vector<std::shared_ptr<EventRecord>> evs;
+  for (uint64_t id : ids) {
+    auto it = events_.find(id);
+    if (it == events_.end()) return {CL_INVALID_EVENT, "unknown event id " + std::to_string(id)};
+    evs.push_back(it->second);
+  }
+  if (seq == 0) return {};
+  struct State {
+    std::atomic<size_t> left;
+    std::atomic<bool> failed{false};
+  };
+  auto st = std::make_shared<State>();
+  st->left = evs.size();
+  replied = true;
+  for (auto& e : evs) {
+    e->AddWaiter([st, core = core_, seq](cl_int status) {
+      if (status < 0) st->failed = true;
+      if (st->left.fetch_sub(1) == 1) {
+        core->SendStatus(seq, st->failed ? CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST : CL_SUCCESS,
+                         "");
+      }
+    });
+  }
+  return {};
+}
+
+}  // namespace gmux::daemon

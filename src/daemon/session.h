@@ -1,0 +1,122 @@
+// Session: one connected client. Its thread reads and decodes the client's requests, looks
+// every id up in this session's own object tables (so a tenant can only ever name its own
+// objects), creates backend objects, and turns enqueues into Commands for the scheduler.
+//
+// Threads: the object tables belong to the session thread. SessionCore is shared with the
+// executors, which send replies (read data, finish and wait answers) through it; Send()
+// serializes writers. When the client disconnects, the tables are dropped (releasing every
+// backend object once no queued command uses it) and the session's queued commands are
+// skipped.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/backend.h"
+#include "daemon/command.h"
+#include "daemon/config.h"
+#include "daemon/scheduler.h"
+#include "proto/frame.h"
+
+namespace gmux::daemon {
+
+struct SessionCore {
+  int fd = -1;
+  uint64_t id = 0;
+  TenantId tenant = 0;
+  std::string tenant_name;
+  proto::FrameLimits limits;
+  std::atomic<bool> closed{false};
+  std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session
+
+  // Sends one Reply frame; errors (a gone client) are ignored: the reader notices the close.
+  void Send(capnp::MessageBuilder& message);
+  // Sends Reply{seq, status, message}.
+  void SendStatus(uint64_t seq, cl_int status, const std::string& message);
+  // Marks the session closed and closes fd once no send is in progress.
+  void Close();
+
+ private:
+  std::mutex send_mu_;  // serializes frames on fd
+};
+
+class Session {
+ public:
+  Session(std::shared_ptr<SessionCore> core, const Backend& backend, Scheduler& scheduler,
+          const DaemonOptions& options);
+  ~Session();
+
+  // Serves requests until the client closes or sends something malformed. Returns why it
+  // stopped (kUnavailable for a clean close).
+  Status Serve();
+
+ private:
+  struct ContextObj {
+    Ref<cl_context> ctx;
+    std::vector<uint32_t> devices;
+  };
+  struct QueueObj {
+    Ref<cl_command_queue> q;
+    uint32_t device = 0;
+    bool in_order = true;
+    std::shared_ptr<EventRecord> last;     // in-order: the previous command
+    std::shared_ptr<EventRecord> barrier;  // out-of-order: the latest barrier
+    std::vector<std::shared_ptr<EventRecord>> outstanding;
+  };
+  struct MemObj {
+    Ref<cl_mem> mem;
+    uint64_t size = 0;
+  };
+  struct ProgramObj {
+    Ref<cl_program> program;
+    std::vector<uint32_t> devices;
+  };
+  struct KernelObj {
+    Ref<cl_kernel> kernel;
+    std::shared_ptr<std::mutex> mu;  // guards the backend kernel's arguments while enqueuing
+    uint32_t num_args = 0;
+  };
+  struct Bulk {
+    std::vector<uint8_t> bytes;
+    uint64_t filled = 0;
+  };
+  // An OpenCL error with a message for the client.
+  struct Err {
+    cl_int code = CL_SUCCESS;
+    std::string message;
+    bool ok() const { return code == CL_SUCCESS; }
+  };
+
+  Err Handle(proto::wire::Request::Reader req, capnp::MallocMessageBuilder& reply, bool& replied);
+  Err GetInfo(proto::wire::GetInfo::Reader r, capnp::MallocMessageBuilder& reply);
+  Err Enqueue(uint64_t seq, proto::wire::Enqueue::Reader r, bool& replied);
+  Err Finish(uint64_t seq, uint64_t queue, bool& replied);
+  Err WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied);
+  Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out);
+  Result<cl_device_id> DeviceFor(uint64_t id) const;
+  void Track(QueueObj& q, const std::shared_ptr<EventRecord>& ev);
+
+  std::shared_ptr<SessionCore> core_;
+  const Backend& backend_;
+  const cl_icd_dispatch& cl_;
+  Scheduler& scheduler_;
+  const DaemonOptions& options_;
+
+  std::unordered_map<uint64_t, ContextObj> contexts_;
+  std::unordered_map<uint64_t, QueueObj> queues_;
+  std::unordered_map<uint64_t, MemObj> mems_;
+  std::unordered_map<uint64_t, ProgramObj> programs_;
+  std::unordered_map<uint64_t, KernelObj> kernels_;
+  std::unordered_map<uint64_t, std::shared_ptr<EventRecord>> events_;
+  std::unordered_map<uint64_t, std::shared_ptr<Bulk>> bulk_;
+};
+
+// Maps a daemon Status to the OpenCL code sent on the wire (the one place this happens).
+cl_int StatusToCl(const Status& status);
+
+}  // namespace gmux::daemon
