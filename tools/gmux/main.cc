@@ -5,17 +5,37 @@
 
 #include <CLI/CLI.hpp>
 
+#include "sim/output.h"
 #include "sim/scenario.h"
 
 namespace {
 
-int RunSim(const std::string& file, bool json) {
-  auto out = gmux::sim::RunScenarioFile(file);
-  if (!out.ok()) {
-    std::cerr << "gmux sim run: " << out.status().message() << "\n";
-    return 2;
+struct SimRunArgs {
+  std::string file;
+  bool json = false;
+  std::string csv_dir;
+  std::string plot_dir;
+};
+
+int Fail(const std::string& message) {
+  std::cerr << "gmux sim run: " << message << "\n";
+  return 2;
+}
+
+int RunSim(const SimRunArgs& args) {
+  auto out = gmux::sim::RunScenarioFile(args.file);
+  if (!out.ok()) return Fail(out.status().message());
+  if (!args.csv_dir.empty()) {
+    auto files = gmux::sim::WriteCsv(args.csv_dir, out->series);
+    if (!files.ok()) return Fail("--csv: " + files.status().message());
+    std::cerr << "wrote " << files->size() << " CSV file(s) to " << args.csv_dir << "\n";
   }
-  if (json) {
+  if (!args.plot_dir.empty()) {
+    auto files = gmux::sim::WritePlots(args.plot_dir, out->series);
+    if (!files.ok()) return Fail("--plot: " + files.status().message());
+    std::cerr << "wrote " << files->size() << " chart(s) to " << args.plot_dir << "\n";
+  }
+  if (args.json) {
     std::cout << out->json.dump(2) << "\n";
   } else {
     std::cout << out->table;
@@ -31,14 +51,39 @@ int main(int argc, char** argv) {
 
   CLI::App* sim = app.add_subcommand("sim", "Discrete-event simulator for gmux's policies");
   sim->require_subcommand(1);
-  CLI::App* sim_run = sim->add_subcommand("run", "Run a scenario file and compare its policies");
-  std::string file;
-  bool json = false;
-  sim_run->add_option("FILE", file, "Scenario file (TOML), e.g. scenarios/vmcg-fairness.toml")
+  CLI::App* sim_run = sim->add_subcommand(
+      "run", "Run a scenario file and compare its policies (same seed: same output, byte for byte)");
+  sim_run->footer(
+      "Examples:\n"
+      "  gmux sim run scenarios/vmcg-fairness.toml             table: fifo vs credit, λ per group\n"
+      "  gmux sim run scenarios/kangyu-deviation.toml --json   one JSON object on stdout\n"
+      "  gmux sim run scenarios/vmcg-fairness.toml --csv out/csv --plot out/png\n"
+      "\n"
+      "--csv writes one CSV per run (t_s, then one column per tenant: throughput per window);\n"
+      "--plot also renders one PNG chart per run with gnuplot. The scenario format is described\n"
+      "in docs/simulator.md. Exit status: 0 on success, 2 on any error (bad file, bad option,\n"
+      "failed run), with the reason on stderr.");
+  SimRunArgs args;
+  sim_run->add_option("FILE", args.file, "Scenario file (TOML), e.g. scenarios/vmcg-fairness.toml")
       ->required();
-  sim_run->add_flag("--json", json, "Print one JSON object instead of the table");
+  sim_run->add_flag("--json", args.json, "Print one JSON object instead of the table");
+  sim_run->add_option("--csv", args.csv_dir,
+                      "Write per-tenant throughput time series, one CSV per run, into DIR")
+      ->type_name("DIR");
+  sim_run->add_option("--plot", args.plot_dir,
+                      "Render per-tenant throughput charts, one PNG per run, into DIR (gnuplot)")
+      ->type_name("DIR");
 
-  CLI11_PARSE(app, argc, argv);
-  if (sim_run->parsed()) return RunSim(file, json);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  if (sim_run->parsed()) return RunSim(args);
   return 0;
 }
