@@ -47,12 +47,14 @@ Result<CreditPolicyOptions> CreditPolicyOptionsFromSpec(const PolicySpec& spec) 
                         params.Number("carry_intervals", o.carry_intervals, 0, 1e6));
   GMUX_ASSIGN_OR_RETURN(double idle_grace_ms, params.Number("idle_grace_ms", 1, 0, kMaxMs));
   GMUX_ASSIGN_OR_RETURN(int64_t per_round, params.Integer("charge_per_round", 0, 0, 1));
+  GMUX_ASSIGN_OR_RETURN(int64_t wall, params.Integer("time_g_wall", 0, 0, 1));
   GMUX_RETURN_IF_ERROR(params.Finish());
   o.time_g = Milliseconds(time_g_ms);
   o.slice_max = Milliseconds(slice_max_ms);
   o.slice_min = Milliseconds(slice_min_ms);
   o.idle_grace = Milliseconds(idle_grace_ms);
   o.charge_per_round = per_round == 1;
+  o.time_g_wall = wall == 1;
   GMUX_RETURN_IF_ERROR(o.Validate());
   return o;
 }
@@ -115,6 +117,7 @@ void CreditPolicy::Complete(const Completion& done, TimePoint now) {
     if (t.in_flight > 0) --t.in_flight;
     const int64_t d = std::max<int64_t>(0, done.device_time.count());
     if (!options_.charge_per_round) Charge(t, d);
+    served_ns_ += d;
     t.est_block_ns += (d - t.est_block_ns) / 4;
     if (turn_open_ && turn_tenant_ == done.tenant) turn_used_ns_ += d;
     // A credit holder whose last block just finished is probably about to submit the next one
@@ -153,8 +156,9 @@ size_t CreditPolicy::Pending(TenantId tenant) const {
 
 std::optional<TimePoint> CreditPolicy::NextTimer() const {
   if (!started_ || total_pending_ == 0) return std::nullopt;
-  TimePoint next = interval_end_;
-  if (grace_until_ > last_now_) next = std::min(next, grace_until_);
+  std::optional<TimePoint> next;
+  if (options_.time_g_wall) next = interval_end_;
+  if (grace_until_ > last_now_ && (!next || grace_until_ < *next)) next = grace_until_;
   return next;
 }
 
@@ -220,9 +224,10 @@ void CreditPolicy::AdvanceTo(TimePoint now) {
     interval_end_ = now + Duration(time_g_ns_);
     return;
   }
-  // Replenishment trigger (a): the interval TIME_G has elapsed. After a long quiet spell only
-  // one replenishment happens; the carry cap would absorb the others anyway.
-  if (now >= interval_end_) Replenish(now, Trigger::kInterval);
+  // Replenishment trigger (a): the interval TIME_G has elapsed, counted in device time served
+  // (default) or in wall time. After a long quiet spell only one replenishment happens.
+  const bool elapsed = options_.time_g_wall ? now >= interval_end_ : served_ns_ >= time_g_ns_;
+  if (elapsed) Replenish(now, Trigger::kInterval);
 }
 
 void CreditPolicy::Replenish(TimePoint now, Trigger trigger) {
@@ -249,6 +254,7 @@ void CreditPolicy::Replenish(TimePoint now, Trigger trigger) {
   }
   interval_start_ = now;
   interval_end_ = now + Duration(time_g_ns_);
+  served_ns_ = 0;
   RebuildSets();
   if (trigger == Trigger::kInterval) {
     ++interval_replenishments_;

@@ -41,7 +41,9 @@
 //
 //   Replenishment (Section 4.2).  Two triggers, both "a replenishment event":
 //     (a) the interval TIME_G has elapsed since the previous replenishment (TIME_G = time_g when
-//         set, else the sum of the active tenants' slices: one polling period);
+//         set, else the sum of the active tenants' slices: one polling period), counted in
+//         device time served, so an interval hands out exactly the device time it lasted (with
+//         time_g_wall it is a wall-clock timer, which over-allocates whenever the device idles);
 //     (b) a tenant with credit1 = 0 has pending blocks and the device has spare capacity: no
 //         tenant with credit1 > 0 has a block pending or executing, and none went quiet less than
 //         idle_grace ago (a tenant between two closed-loop submissions is not spare capacity).
@@ -57,7 +59,7 @@
 //   - Blocks of one tenant are dispatched whole, in Submit() order.
 //   - No starvation: a tenant with pending blocks and credits gets a turn within one round; one
 //     without credits is replenished by (b) at the latest when every credit holder has finished
-//     its work plus idle_grace, or by (a) after TIME_G.
+//     its work plus idle_grace, or by (a) once TIME_G of device time has been served.
 //   - With every tenant backlogged, each tenant's device time over an allocation cycle is
 //     CREDIT_i (+/- one block), so shares follow w_i · f_i; with equal f_i, they follow weight.
 //
@@ -88,6 +90,7 @@ struct CreditPolicyOptions {
   Duration idle_grace = std::chrono::milliseconds(1);  // quiet time before a credit holder's
                                                        // capacity counts as spare (idle_grace_ms)
   bool charge_per_round = false;           // paper-literal: 1 credit per turn (charge_per_round)
+  bool time_g_wall = false;                // TIME_G counts wall time, not device time (time_g_wall)
 
   Status Validate() const;
 };
@@ -200,6 +203,7 @@ class CreditPolicy final : public Policy {
   TimePoint interval_start_{};
   TimePoint interval_end_{};
   int64_t time_g_ns_ = 0;
+  int64_t served_ns_ = 0;  // device time completed since the last replenishment
   TimePoint grace_until_{};
   TimePoint last_now_{};
   uint64_t interval_replenishments_ = 0;
