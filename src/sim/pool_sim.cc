@@ -14,11 +14,14 @@ using core::LeaseStatus;
 using core::PoolEvent;
 using core::PoolEventKind;
 
-// Appends a step to a series: the old value and the new one at the same instant.
+// Appends a step to a series sampled at its changes: the old value 1 ms before the change (so
+// charts that join points with lines draw a step) and the new value at the change.
 void Step(std::vector<SeriesPoint>& series, double t_s, double value) {
   if (!series.empty()) {
     if (series.back().value == value) return;
-    series.push_back({t_s, series.back().value});
+    const double before = std::max(series.back().t_s, t_s - 1e-3);
+    if (before > series.back().t_s) series.push_back({before, series.back().value});
+    if (series.back().t_s == t_s) series.pop_back();  // two changes at one instant: keep the last
   }
   series.push_back({t_s, value});
 }

@@ -81,8 +81,9 @@ struct PoolSimResult {
   double in_use_fraction = 0;
   double plug_fraction = 0;
   uint64_t pool_events = 0;      // PoolEvents the simulator carried out
-  std::vector<SeriesPoint> devices_leased;   // step series: devices attaching or leased
-  std::vector<SeriesPoint> waiting_tenants;  // step series: requests in the queue
+  // Step series sampled at each change (plus the old value 1 ms before it):
+  std::vector<SeriesPoint> devices_leased;   // devices attaching or leased
+  std::vector<SeriesPoint> waiting_tenants;  // requests in the queue
 };
 
 // Runs the experiment once. Errors: kInvalidArgument when the config does not validate, kInternal
