@@ -410,7 +410,18 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_uint nargs = 0;
       cl_.clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof(nargs), &nargs, nullptr);
       kernels_[r.getId()] = {Adopt(k), std::make_shared<std::mutex>(), nargs};
-      root.initKernel().setNumArgs(nargs);
+      auto kr = root.initKernel();
+      kr.setNumArgs(nargs);
+      // Address qualifiers let the client tell a __local size from a NULL buffer argument.
+      auto quals = kr.initArgAddressQualifiers(nargs);
+      for (cl_uint i = 0; i < nargs; ++i) {
+        cl_kernel_arg_address_qualifier q = 0;
+        if (cl_.clGetKernelArgInfo(k, i, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof(q), &q, nullptr) !=
+            CL_SUCCESS) {
+          q = 0;
+        }
+        quals.set(i, q);
+      }
       return {};
     }
 

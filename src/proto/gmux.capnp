@@ -120,6 +120,7 @@ struct CreateKernel {
 
 struct KernelReply {
   numArgs @0 :UInt32;
+  argAddressQualifiers @1 :List(UInt32);  # cl_kernel_arg_address_qualifier per argument, 0: unknown
 }
 
 struct CreateUserEvent {

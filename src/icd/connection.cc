@@ -1,0 +1,304 @@
+#include "icd/connection.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <kj/exception.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace gmux::icd {
+
+namespace wire = proto::wire;
+
+namespace {
+
+constexpr int kConnectTimeoutMs = 2000;
+constexpr int kHandshakeTimeoutS = 5;
+constexpr const char* kDefaultSocket = "/run/gmux/gmuxd.sock";
+
+int ConnectUnix(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return -1;
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  if (r != 0 && errno == EAGAIN) {
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::poll(&p, 1, kConnectTimeoutMs) == 1 &&
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+      r = 0;
+    }
+  }
+  if (r != 0) {
+    ::close(fd);
+    return -1;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+}  // namespace
+
+Connection* Connection::Get() {
+  static std::mutex mu;
+  static Connection* conn = nullptr;  // never destroyed: the receiver may outlive main()
+  std::lock_guard<std::mutex> lock(mu);
+  if (conn == nullptr) conn = Connect();
+  return conn;
+}
+
+Connection* Connection::Connect() {
+  std::string path = kDefaultSocket;
+  if (const char* s = std::getenv("GMUX_SOCKET"); s != nullptr && *s != '\0') {
+    path = s;
+  } else if (const char* a = std::getenv("GMUX_ADDRESS"); a != nullptr && *a != '\0') {
+    // TCP transport is not implemented yet: report no daemon rather than guess.
+    return nullptr;
+  }
+  int fd = ConnectUnix(path);
+  if (fd < 0) return nullptr;
+  timeval tv{kHandshakeTimeoutS, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+
+  capnp::MallocMessageBuilder b;
+  auto req = b.initRoot<wire::Request>();
+  req.setSeq(1);
+  auto h = req.initHello();
+  h.setProtocolVersion(proto::kProtocolVersion);
+  h.setPid(static_cast<uint32_t>(::getpid()));
+  h.setClientName("libgmux-icd");
+  if (!proto::WriteFrame(fd, proto::FrameKind::kRequest, b).ok()) {
+    ::close(fd);
+    return nullptr;
+  }
+  auto msg = proto::ReadFrame(fd, proto::FrameKind::kReply);
+  if (!msg.ok()) {
+    ::close(fd);
+    return nullptr;
+  }
+  auto conn = new Connection();
+  bool ok = false;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    auto rep = msg->root<wire::Reply>();
+    if (rep.getStatus() != CL_SUCCESS || !rep.isHello()) return;
+    conn->tenant_ = rep.getHello().getTenant();
+    for (auto d : rep.getHello().getDevices()) {
+      conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
+    }
+    ok = true;
+  })) {
+    ok = false;
+  }
+  if (!ok) {
+    delete conn;
+    ::close(fd);
+    return nullptr;
+  }
+  timeval none{0, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+  conn->fd_ = fd;
+  std::thread([conn] { conn->ReceiveLoop(); }).detach();
+  std::thread([conn] { conn->CallbackLoop(); }).detach();
+  return conn;
+}
+
+cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  {
+    std::lock_guard<std::mutex> l2(mu_);
+    if (dead_) return CL_DEVICE_NOT_AVAILABLE;
+  }
+  Status s = proto::WriteFrame(fd_, proto::FrameKind::kRequest, request);
+  if (s.ok()) return CL_SUCCESS;
+  return s.code() == StatusCode::kResourceExhausted ? CL_OUT_OF_RESOURCES : CL_DEVICE_NOT_AVAILABLE;
+}
+
+cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
+  request.getRoot<wire::Request>().setSeq(0);
+  return SendLocked(request);
+}
+
+uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
+                           std::function<void(cl_int)> on_reply) {
+  uint64_t seq = next_seq_.fetch_add(1);
+  request.getRoot<wire::Request>().setSeq(seq);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Pending& p = pending_[seq];
+    p.dst = static_cast<uint8_t*>(dst);
+    p.size = size;
+    p.on_reply = std::move(on_reply);
+  }
+  cl_int err = SendLocked(request);
+  if (err != CL_SUCCESS) {
+    std::function<void(cl_int)> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Pending& p = pending_[seq];
+      p.done = true;
+      p.status = err;
+      cb = std::move(p.on_reply);
+      if (cb) pending_.erase(seq);
+    }
+    if (cb) cb(err);
+  }
+  return seq;
+}
+
+cl_int Connection::Wait(uint64_t seq) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    auto it = pending_.find(seq);
+    return it == pending_.end() || it->second.done;
+  });
+  auto it = pending_.find(seq);
+  if (it == pending_.end()) return CL_INVALID_VALUE;
+  cl_int st = it->second.status;
+  pending_.erase(it);
+  return st;
+}
+
+cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<proto::Message>* reply,
+                        std::string* error_message) {
+  uint64_t seq = Begin(request);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_[seq].done; });
+  Pending p = std::move(pending_[seq]);
+  pending_.erase(seq);
+  if (reply != nullptr && p.reply) *reply = std::move(p.reply);
+  if (error_message != nullptr) *error_message = p.message;
+  return p.status;
+}
+
+uint64_t Connection::SendBulk(const void* data, size_t size) {
+  uint64_t token = NextId();
+  {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Request>();
+    auto bb = r.initBulkBegin();
+    bb.setToken(token);
+    bb.setSize(size);
+    if (Post(b) != CL_SUCCESS) return 0;
+  }
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t at = 0; at < size; at += proto::kBulkChunkBytes) {
+    size_t n = std::min(proto::kBulkChunkBytes, size - at);
+    capnp::MallocMessageBuilder b(static_cast<unsigned>(n / sizeof(capnp::word) + 64));
+    auto bd = b.initRoot<wire::Request>().initBulkData();
+    bd.setToken(token);
+    bd.setOffset(at);
+    bd.setData(kj::arrayPtr(p + at, n));
+    if (Post(b) != CL_SUCCESS) return 0;
+  }
+  return token;
+}
+
+cl_int Connection::TakeAsyncError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cl_int e = async_error_;
+  async_error_ = CL_SUCCESS;
+  return e;
+}
+
+void Connection::ReceiveLoop() {
+  for (;;) {
+    auto msg = proto::ReadFrame(fd_, proto::FrameKind::kReply);
+    if (!msg.ok()) break;
+    std::function<void(cl_int)> cb;
+    cl_int cb_status = CL_SUCCESS;
+    bool bad = false;
+    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+      auto rep = msg->root<wire::Reply>();
+      uint64_t seq = rep.getSeq();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (seq == 0) {
+        if (async_error_ == CL_SUCCESS) async_error_ = rep.getStatus();
+        return;
+      }
+      auto it = pending_.find(seq);
+      if (it == pending_.end()) return;  // nobody waits (a caller that gave up)
+      Pending& p = it->second;
+      bool complete = true;
+      if (rep.isReadData()) {
+        auto rd = rep.getReadData();
+        auto data = rd.getData();
+        // Never trust the daemon's offsets either.
+        if (p.dst == nullptr || rd.getOffset() > p.size || data.size() > p.size - rd.getOffset()) {
+          p.status = CL_OUT_OF_RESOURCES;
+        } else {
+          std::memcpy(p.dst + rd.getOffset(), data.begin(), data.size());
+        }
+        complete = rd.getLast();
+      } else {
+        p.status = rep.getStatus();
+        p.message = rep.getMessage();
+      }
+      if (!complete) return;
+      p.done = true;
+      if (p.on_reply) {
+        cb = std::move(p.on_reply);
+        cb_status = p.status;
+        pending_.erase(it);
+      } else if (!rep.isReadData() && !rep.isNone()) {
+        p.reply = std::move(*msg);
+      }
+    })) {
+      bad = true;
+    }
+    if (bad) break;
+    if (cb) {
+      std::lock_guard<std::mutex> lock(mu_);
+      callbacks_.push_back([cb = std::move(cb), cb_status] { cb(cb_status); });
+      callbacks_cv_.notify_one();
+    }
+    cv_.notify_all();
+  }
+  std::vector<std::function<void(cl_int)>> orphans;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dead_ = true;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Pending& p = it->second;
+      if (!p.done) {
+        p.done = true;
+        p.status = CL_DEVICE_NOT_AVAILABLE;
+        if (p.on_reply) {
+          orphans.push_back(std::move(p.on_reply));
+          it = pending_.erase(it);
+          continue;
+        }
+      }
+      ++it;
+    }
+    for (auto& o : orphans) {
+      callbacks_.push_back([o] { o(CL_DEVICE_NOT_AVAILABLE); });
+    }
+  }
+  callbacks_cv_.notify_one();
+  cv_.notify_all();
+}
+
+void Connection::CallbackLoop() {
+  for (;;) {
+    std::vector<std::function<void()>> run;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      callbacks_cv_.wait(lock, [&] { return !callbacks_.empty(); });
+      run.swap(callbacks_);
+    }
+    for (auto& f : run) f();
+  }
+}
+
+}  // namespace gmux::icd

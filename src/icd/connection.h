@@ -1,0 +1,99 @@
+// Connection: the ICD's one session with gmuxd.
+//
+// Opened lazily on the first platform query (GMUX_SOCKET, else GMUX_ADDRESS, else the default
+// socket path; read once, at that moment). Connecting and the handshake are bounded by
+// timeouts, so a missing or stuck daemon yields "no devices", never a hang. A receiver thread
+// reads every reply: it copies read data into the application's memory, hands other replies
+// to the waiting caller, and records unasked error reports (seq 0), which the next blocking
+// call returns. If the daemon goes away every waiter is woken with CL_DEVICE_NOT_AVAILABLE.
+// Thread-safe.
+#pragma once
+
+#define CL_TARGET_OPENCL_VERSION 300
+#include <CL/cl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proto/frame.h"
+
+namespace gmux::icd {
+
+struct DeviceDesc {
+  uint32_t index = 0;
+  std::string name;
+  cl_device_type type = 0;
+};
+
+class Connection {
+ public:
+  // The process's connection, or nullptr when no daemon could be reached (retried on each call
+  // until one is).
+  static Connection* Get();
+
+  const std::vector<DeviceDesc>& devices() const { return devices_; }
+  const std::string& tenant() const { return tenant_; }
+
+  uint64_t NextId() { return next_id_.fetch_add(1); }
+
+  // Sends a request without waiting (its seq is left 0).
+  cl_int Post(capnp::MallocMessageBuilder& request);
+
+  // Sends a request with a fresh seq and waits for its reply; `reply` receives it on success.
+  cl_int Call(capnp::MallocMessageBuilder& request, std::optional<proto::Message>* reply = nullptr,
+              std::string* error_message = nullptr);
+
+  // Starts a request whose reply is waited for later (Wait) or handed to `on_reply` on the
+  // receiver's callback thread. For reads, `dst`/`size` receive the data.
+  uint64_t Begin(capnp::MallocMessageBuilder& request, void* dst = nullptr, size_t size = 0,
+                 std::function<void(cl_int)> on_reply = nullptr);
+  cl_int Wait(uint64_t seq);
+
+  // Sends `size` bytes as bulk data under a new token and returns the token (0 on failure).
+  uint64_t SendBulk(const void* data, size_t size);
+
+  // The first asynchronous error the daemon reported since the last call (CL_SUCCESS if none).
+  cl_int TakeAsyncError();
+
+ private:
+  Connection() = default;
+  static Connection* Connect();
+  void ReceiveLoop();
+  void CallbackLoop();
+  cl_int SendLocked(capnp::MallocMessageBuilder& request);
+
+  struct Pending {
+    bool done = false;
+    cl_int status = CL_SUCCESS;
+    std::optional<proto::Message> reply;
+    std::string message;
+    uint8_t* dst = nullptr;
+    size_t size = 0;
+    std::function<void(cl_int)> on_reply;
+  };
+
+  int fd_ = -1;
+  std::vector<DeviceDesc> devices_;
+  std::string tenant_;
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> next_seq_{2};  // 1 is the handshake's
+  std::mutex send_mu_;                 // serializes frames on fd_
+  std::mutex mu_;                      // guards pending_, dead_, async_error_, callbacks_
+  std::condition_variable cv_;
+  std::map<uint64_t, Pending> pending_;
+  bool dead_ = false;
+  cl_int async_error_ = CL_SUCCESS;
+  std::vector<std::function<void()>> callbacks_;
+  std::condition_variable callbacks_cv_;
+};
+
+}  // namespace gmux::icd

@@ -1,0 +1,115 @@
+// The ICD's OpenCL objects. Each begins with the dispatch pointer, as the ICD loader requires,
+// followed by a kind tag used to reject foreign or stale handles, the client-assigned id the
+// daemon knows the object by, and the reference count. Objects keep the handles their info
+// queries return (context, device, program, ...) retained.
+#pragma once
+
+#define CL_TARGET_OPENCL_VERSION 300
+#define CL_USE_DEPRECATED_OPENCL_1_0_APIS
+#define CL_USE_DEPRECATED_OPENCL_1_1_APIS
+#define CL_USE_DEPRECATED_OPENCL_1_2_APIS
+#include <CL/cl_icd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gmux::icd {
+
+enum class Kind : uint32_t {
+  kPlatform = 0x676d7001,
+  kDevice,
+  kContext,
+  kQueue,
+  kMem,
+  kProgram,
+  kKernel,
+  kEvent,
+  kDead = 0xdeadbeef,
+};
+
+const cl_icd_dispatch* DispatchTable();
+
+struct ObjectHeader {
+  explicit ObjectHeader(Kind k) : dispatch(DispatchTable()), kind(k) {}
+  const cl_icd_dispatch* dispatch;  // must stay first
+  Kind kind;
+  uint64_t id = 0;
+  std::atomic<int32_t> refs{1};
+};
+
+}  // namespace gmux::icd
+
+struct _cl_platform_id : gmux::icd::ObjectHeader {
+  _cl_platform_id() : ObjectHeader(gmux::icd::Kind::kPlatform) {}
+};
+
+struct _cl_device_id : gmux::icd::ObjectHeader {
+  _cl_device_id() : ObjectHeader(gmux::icd::Kind::kDevice) {}
+  uint32_t index = 0;
+  cl_device_type type = 0;
+};
+
+struct _cl_context : gmux::icd::ObjectHeader {
+  _cl_context() : ObjectHeader(gmux::icd::Kind::kContext) {}
+  std::vector<cl_device_id> devices;
+  std::vector<cl_context_properties> properties;
+};
+
+struct _cl_command_queue : gmux::icd::ObjectHeader {
+  _cl_command_queue() : ObjectHeader(gmux::icd::Kind::kQueue) {}
+  cl_context context = nullptr;
+  cl_device_id device = nullptr;
+  cl_command_queue_properties properties = 0;
+};
+
+struct Mapping {
+  void* ptr = nullptr;
+  size_t offset = 0;
+  size_t size = 0;
+  cl_map_flags flags = 0;
+  bool owned = false;  // allocated by the ICD (freed at unmap)
+};
+
+struct _cl_mem : gmux::icd::ObjectHeader {
+  _cl_mem() : ObjectHeader(gmux::icd::Kind::kMem) {}
+  cl_context context = nullptr;
+  cl_mem_flags flags = 0;
+  size_t size = 0;
+  void* host_ptr = nullptr;
+  cl_mem parent = nullptr;
+  size_t origin = 0;
+  std::mutex mu;  // guards maps
+  std::vector<Mapping> maps;
+};
+
+struct _cl_program : gmux::icd::ObjectHeader {
+  _cl_program() : ObjectHeader(gmux::icd::Kind::kProgram) {}
+  cl_context context = nullptr;
+  std::vector<cl_device_id> devices;
+  std::string source;
+};
+
+struct KernelArgSlot {
+  enum Type { kUnset, kValue, kMem, kNullMem, kLocal } type = kUnset;
+  std::vector<uint8_t> bytes;
+  uint64_t mem = 0;
+  size_t local = 0;
+};
+
+struct _cl_kernel : gmux::icd::ObjectHeader {
+  _cl_kernel() : ObjectHeader(gmux::icd::Kind::kKernel) {}
+  cl_program program = nullptr;
+  std::string name;
+  std::mutex mu;  // guards args
+  std::vector<KernelArgSlot> args;
+};
+
+struct _cl_event : gmux::icd::ObjectHeader {
+  _cl_event() : ObjectHeader(gmux::icd::Kind::kEvent) {}
+  cl_context context = nullptr;
+  cl_command_queue queue = nullptr;  // null for user events
+  cl_command_type type = 0;
+};
