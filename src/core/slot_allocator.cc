@@ -157,6 +157,24 @@ int32_t CountSharedSlots(int32_t slots, const std::vector<int32_t>& needs,
   return shared;
 }
 
+double WeightedSharedSlots(int32_t slots, const std::vector<SlotItem>& items,
+                           const std::vector<int32_t>& starts) {
+  assert(items.size() == starts.size());
+  std::vector<int32_t> cover(static_cast<size_t>(slots), 0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (int32_t s = starts[i]; s < starts[i] + items[i].need; ++s) ++cover[static_cast<size_t>(s)];
+  }
+  double cost = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    int32_t shared = 0;
+    for (int32_t s = starts[i]; s < starts[i] + items[i].need; ++s) {
+      if (cover[static_cast<size_t>(s)] >= 2) ++shared;
+    }
+    cost += items[i].utilization * shared;
+  }
+  return cost;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 Result<SlotAllocator> SlotAllocator::Create(const SlotAllocatorOptions& options) {
@@ -277,7 +295,7 @@ void SlotAllocator::Tick(TimePoint now) {
   }
   if (options_.policy == SlotPolicy::kUtilization &&
       options_.replacement_period > Duration::zero() && now >= next_replacement_) {
-    ReallocateAll();
+    ReallocateAll(options_.replacement_only_if_better);
     while (next_replacement_ <= now) next_replacement_ += options_.replacement_period;
   }
 }
@@ -451,7 +469,7 @@ bool SlotAllocator::Unplace(TenantId id, State& s) {
   return had_exclusive;
 }
 
-void SlotAllocator::ReallocateAll() {
+void SlotAllocator::ReallocateAll(bool only_if_better) {
   std::vector<SlotItem> items = PlacedItems(std::nullopt);
   if (items.empty()) {
     anchor_.reset();
@@ -463,6 +481,16 @@ void SlotAllocator::ReallocateAll() {
   std::vector<TenantId> ids;
   ids.reserve(items.size());
   for (const SlotItem& it : items) ids.push_back(it.id);
+  if (only_if_better) {
+    std::vector<int32_t> current;
+    current.reserve(items.size());
+    for (const SlotItem& it : items) current.push_back(tenants_.at(it.id).start);
+    if (WeightedSharedSlots(options_.slots, items, layout.starts) >=
+        WeightedSharedSlots(options_.slots, items, current)) {
+      ++counters_.skipped_replacements;
+      return;
+    }
+  }
   ApplyLayout(ids, layout);
   anchor_ = options_.policy == SlotPolicy::kSize ? layout.shared_start : std::nullopt;
   ++counters_.reallocations;

@@ -80,6 +80,10 @@ struct SlotAllocatorOptions {
   Duration utilization_window = std::chrono::seconds(20);  // averaging window
   // Utilization policy: periodic re-placement (Section III-B); zero disables it.
   Duration replacement_period = std::chrono::seconds(20);
+  // Apply a periodic re-placement only when it lowers Σ_i u_i · shared_i (utilisation times the
+  // tenant's shared slots), the quantity Fig. 6 exists to reduce; otherwise keep the layout and
+  // save the move copies. The paper re-places unconditionally (false).
+  bool replacement_only_if_better = true;
 
   // kInvalidArgument when slots < 1, a period or window <= 0, or replacement_period < 0.
   Status Validate() const;
@@ -92,6 +96,7 @@ struct SlotCounters {
   int64_t move_copies = 0;     // slots copied because their tenant moved (S_i per move)
   int64_t reallocations = 0;   // full re-placements (Fig. 5 or Fig. 6 over all placed tenants)
   int64_t idle_evictions = 0;  // tenants treated as terminated because idle
+  int64_t skipped_replacements = 0;  // periodic re-placements that would not have helped
   int64_t total_copies() const { return switch_copies + move_copies; }
 };
 
@@ -122,6 +127,11 @@ std::vector<double> GScaleScores(const std::vector<int32_t>& occupancy, int32_t 
 // Number of slots covered by two or more of the ranges [starts[i], starts[i] + needs[i]).
 int32_t CountSharedSlots(int32_t slots, const std::vector<int32_t>& needs,
                          const std::vector<int32_t>& starts);
+
+// Σ_i utilization_i · (slots of tenant i covered by another tenant too): the expected copies per
+// unit time, up to a constant, when switch-ins are proportional to utilisation.
+double WeightedSharedSlots(int32_t slots, const std::vector<SlotItem>& items,
+                           const std::vector<int32_t>& starts);
 
 // Per-tenant view for reports.
 struct SlotTenantInfo {
@@ -206,8 +216,9 @@ class SlotAllocator {
   // (the termination rule's trigger for a full re-placement, which the caller then runs).
   bool Unplace(TenantId id, State& s);
   void EnsureStarted(TimePoint now);
-  // Fig. 5 / Fig. 6 over every placed tenant; moves are counted.
-  void ReallocateAll();
+  // Fig. 5 / Fig. 6 over every placed tenant; moves are counted. With `only_if_better`, the new
+  // layout is applied only when it lowers the utilisation-weighted shared slots.
+  void ReallocateAll(bool only_if_better = false);
   void ApplyLayout(const std::vector<TenantId>& ids, const SlotLayout& layout);
   void Cover(int32_t start, int32_t need, int32_t delta);
   std::optional<int32_t> FirstFreeRun(int32_t need) const;
