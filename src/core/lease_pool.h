@@ -193,7 +193,8 @@ class LeasePool {
   size_t leased_devices() const { return leased_count_; }
   TimePoint now() const { return now_; }
 
-  // Accounting up to `now` (>= the time of the last call; earlier values are clamped to it).
+  // Accounting up to `now` (earlier values are clamped to the time of the last call). Does not
+  // run timers: call Advance(now) first when plug-in/out or checker rounds may be due.
   PoolMetrics Metrics(TimePoint now) const;
 
  private:
