@@ -1,0 +1,163 @@
+#include "runtime/runtime_env.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace gmux::testing {
+
+std::string RuntimeEnv::dir;
+std::string RuntimeEnv::socket;
+int RuntimeEnv::daemon_pid = -1;
+bool RuntimeEnv::start_daemon = true;
+
+namespace {
+
+bool CanConnect(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+class DaemonEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gmux-rt-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    RuntimeEnv::dir = tmpl;
+    RuntimeEnv::socket = RuntimeEnv::dir + "/gmuxd.sock";
+    // Vendor dir: the gmux ICD plus every backend ICD of the system.
+    std::string vendors = RuntimeEnv::dir + "/vendors";
+    std::filesystem::create_directories(vendors);
+    std::ofstream(vendors + "/gmux.icd") << GMUX_ICD_PATH << "\n";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/etc/OpenCL/vendors", ec)) {
+      if (e.path().extension() == ".icd") {
+        std::filesystem::copy_file(e.path(), vendors + "/" + e.path().filename().string(), ec);
+      }
+    }
+    ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
+    ::setenv("GMUX_SOCKET", RuntimeEnv::socket.c_str(), 1);
+    if (!RuntimeEnv::start_daemon) return;
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::string log = RuntimeEnv::dir + "/gmuxd.log";
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 2);
+        ::dup2(fd, 1);
+      }
+      ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", RuntimeEnv::socket.c_str(), "--exit-after",
+              "300", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    RuntimeEnv::daemon_pid = pid;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!CanConnect(RuntimeEnv::socket)) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, WNOHANG), 0) << "gmuxd exited during start-up";
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "gmuxd did not start";
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  void TearDown() override {
+    if (RuntimeEnv::daemon_pid > 0) {
+      ::kill(RuntimeEnv::daemon_pid, SIGTERM);
+      int status = 0;
+      for (int i = 0; i < 500; ++i) {
+        if (::waitpid(RuntimeEnv::daemon_pid, &status, WNOHANG) != 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      ::kill(RuntimeEnv::daemon_pid, SIGKILL);
+      ::waitpid(RuntimeEnv::daemon_pid, &status, WNOHANG);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(RuntimeEnv::dir, ec);
+  }
+};
+
+}  // namespace
+
+cl_platform_id FindPlatform(const std::string& name) {
+  cl_uint n = 0;
+  if (clGetPlatformIDs(0, nullptr, &n) != CL_SUCCESS || n == 0) return nullptr;
+  std::vector<cl_platform_id> ps(n);
+  clGetPlatformIDs(n, ps.data(), nullptr);
+  for (auto p : ps) {
+    char buf[256] = {};
+    clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof(buf), buf, nullptr);
+    if (std::string(buf).find(name) != std::string::npos) return p;
+  }
+  return nullptr;
+}
+
+ClDevice::~ClDevice() {
+  if (queue != nullptr) clReleaseCommandQueue(queue);
+  if (context != nullptr) clReleaseContext(context);
+}
+
+bool OpenDevice(const std::string& platform, ClDevice& out, cl_command_queue_properties props) {
+  out.platform = FindPlatform(platform);
+  if (out.platform == nullptr) return false;
+  if (clGetDeviceIDs(out.platform, CL_DEVICE_TYPE_ALL, 1, &out.device, nullptr) != CL_SUCCESS) {
+    return false;
+  }
+  cl_int err = CL_SUCCESS;
+  cl_context_properties cp[] = {CL_CONTEXT_PLATFORM,
+                                reinterpret_cast<cl_context_properties>(out.platform), 0};
+  out.context = clCreateContext(cp, 1, &out.device, nullptr, nullptr, &err);
+  if (out.context == nullptr) return false;
+  out.queue = clCreateCommandQueue(out.context, out.device, props, &err);
+  return out.queue != nullptr;
+}
+
+std::string BuildLog(cl_program p, cl_device_id d) {
+  size_t n = 0;
+  clGetProgramBuildInfo(p, d, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
+  std::string log(n, '\0');
+  clGetProgramBuildInfo(p, d, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
+  return log;
+}
+
+cl_program BuildProgram(const ClDevice& d, const std::string& source, std::string* log,
+                        const char* options) {
+  const char* src = source.c_str();
+  cl_int err = CL_SUCCESS;
+  cl_program p = clCreateProgramWithSource(d.context, 1, &src, nullptr, &err);
+  if (p == nullptr) return nullptr;
+  if (clBuildProgram(p, 1, &d.device, options, nullptr, nullptr) != CL_SUCCESS) {
+    if (log != nullptr) *log = BuildLog(p, d.device);
+    clReleaseProgram(p);
+    return nullptr;
+  }
+  return p;
+}
+
+}  // namespace gmux::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+#ifdef GMUX_TEST_NO_DAEMON
+  gmux::testing::RuntimeEnv::start_daemon = false;
+#endif
+  ::testing::AddGlobalTestEnvironment(new gmux::testing::DaemonEnvironment());
+  return RUN_ALL_TESTS();
+}

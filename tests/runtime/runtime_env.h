@@ -1,0 +1,48 @@
+// The environment of every runtime integration test process: a gmuxd child on a socket in a
+// fresh temp dir (stopped at exit, and by its own --exit-after if this process dies), and an
+// ICD vendor dir holding the gmux ICD beside the backend's own, so one process can run the same
+// program through gmux and directly on the backend and compare.
+#pragma once
+
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+
+#include <string>
+#include <vector>
+
+namespace gmux::testing {
+
+struct RuntimeEnv {
+  static std::string dir;     // the temp dir
+  static std::string socket;  // gmuxd's socket
+  static int daemon_pid;
+  static bool start_daemon;   // false in tests of the no-daemon behaviour
+};
+
+// A platform whose name contains `name` ("gmux", "Portable"), or nullptr.
+cl_platform_id FindPlatform(const std::string& name);
+
+// One device of a platform with a context and a queue.
+struct ClDevice {
+  cl_platform_id platform = nullptr;
+  cl_device_id device = nullptr;
+  cl_context context = nullptr;
+  cl_command_queue queue = nullptr;
+  ~ClDevice();
+  bool ok() const { return queue != nullptr; }
+};
+
+// Opens the first device of the named platform; props are the queue's properties.
+bool OpenDevice(const std::string& platform, ClDevice& out, cl_command_queue_properties props = 0);
+
+// Builds `source`; returns nullptr and fills `log` on failure.
+cl_program BuildProgram(const ClDevice& d, const std::string& source, std::string* log = nullptr,
+                        const char* options = "");
+
+std::string BuildLog(cl_program p, cl_device_id d);
+
+// The platforms compared by every program test.
+inline const char* kGmux = "gmux";
+inline const char* kNative = "Portable Computing Language";
+
+}  // namespace gmux::testing
