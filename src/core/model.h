@@ -66,7 +66,7 @@ struct Completion {
 
 // Facts about the device a policy schedules (Kang & Yu Eq. 2 needs cores and wavefront width).
 struct DeviceInfo {
-  uint64_t compute_units = 1;    // cores as the device reports them
+  uint64_t compute_units = 1;    // CL_DEVICE_MAX_COMPUTE_UNITS; split's "GPU cores" = units x width
   uint64_t wavefront_width = 64; // threads per wavefront/warp; chunk sizes are multiples of it
   uint64_t memory_bytes = 0;     // device memory, for VMCG's memory share
   double bus_bytes_per_s = 0;    // host<->device bandwidth, for VMCG's bandwidth share
