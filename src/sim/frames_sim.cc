@@ -214,6 +214,8 @@ class Simulation {
       period_frames_[i] = 0;
       period_busy_start_[i] = tenants_[i].busy;
     }
+    // At the start of control there are no measurements yet: SA and none need none, while FSA
+    // and ESA keep every tenant uncapped until the first period has been measured.
     if (!first || o_.policy.kind == core::SlaKind::kSa || o_.policy.kind == core::SlaKind::kNone) {
       policy_.Update(sla_);
     }
