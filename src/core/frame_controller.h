@@ -116,8 +116,8 @@ class FrameController {
   FrameDecision Decide(Duration cpu_time);
 
   // Called when Present returns. Updates the frame rate, the GPU-time history and, for a
-  // controlled unsaturated frame, the PI state. Precondition: present_end is not earlier than
-  // the previous sample's.
+  // controlled frame, the disturbance estimate and (subject to the anti-windup rule) the
+  // integral. Precondition: present_end is not earlier than the previous sample's.
   void Observe(const FrameSample& sample);
 
   // Predicted GPU time of the coming frame (0 before any sample).
