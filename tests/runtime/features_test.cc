@@ -1,0 +1,282 @@
+// OpenCL features through gmux, each checked against the backend run directly where a result
+// exists: sub-buffers, out-of-order queues with event dependencies, user events, map/unmap,
+// program binaries, build logs, fill/copy/rect transfers, profiling, callbacks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "runtime/runtime_env.h"
+
+namespace gmux::testing {
+namespace {
+
+const char* kScale = R"(
+__kernel void scale(__global int* a, int f) { a[get_global_id(0)] *= f; }
+__kernel void addk(__global int* a, int k) { a[get_global_id(0)] += k; }
+)";
+
+class FeaturesTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { ASSERT_TRUE(OpenDevice(GetParam(), d_)) << GetParam(); }
+  ClDevice d_;
+};
+
+TEST_P(FeaturesTest, SubBuffersSeeTheirSliceOfTheParent) {
+  cl_int err;
+  std::vector<int> host(1024);
+  std::iota(host.begin(), host.end(), 0);
+  cl_mem parent = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                 host.size() * sizeof(int), host.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_uint align_bits = 0;
+  clGetDeviceInfo(d_.device, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof(align_bits), &align_bits, nullptr);
+  size_t origin = std::max<size_t>(align_bits / 8, 256);
+  cl_buffer_region region{origin, 256 * sizeof(int)};
+  cl_mem sub = clCreateSubBuffer(parent, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  size_t sz = 0, off = 0;
+  cl_mem assoc = nullptr;
+  clGetMemObjectInfo(sub, CL_MEM_SIZE, sizeof(sz), &sz, nullptr);
+  clGetMemObjectInfo(sub, CL_MEM_OFFSET, sizeof(off), &off, nullptr);
+  clGetMemObjectInfo(sub, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof(assoc), &assoc, nullptr);
+  EXPECT_EQ(sz, region.size);
+  EXPECT_EQ(off, origin);
+  EXPECT_EQ(assoc, parent);
+
+  cl_program p = BuildProgram(d_, kScale);
+  ASSERT_NE(p, nullptr);
+  cl_kernel k = clCreateKernel(p, "scale", &err);
+  int f = 3;
+  clSetKernelArg(k, 0, sizeof(cl_mem), &sub);
+  clSetKernelArg(k, 1, sizeof(int), &f);
+  size_t g = 256;
+  ASSERT_EQ(clEnqueueNDRangeKernel(d_.queue, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  std::vector<int> out(1024);
+  ASSERT_EQ(clEnqueueReadBuffer(d_.queue, parent, CL_TRUE, 0, out.size() * sizeof(int), out.data(),
+                                0, nullptr, nullptr), CL_SUCCESS);
+  size_t first = origin / sizeof(int);
+  for (size_t i = 0; i < out.size(); ++i) {
+    int want = (i >= first && i < first + 256) ? static_cast<int>(i) * 3 : static_cast<int>(i);
+    ASSERT_EQ(out[i], want) << i;
+  }
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  clReleaseMemObject(sub);
+  clReleaseMemObject(parent);
+}
+
+TEST_P(FeaturesTest, OutOfOrderQueueHonoursEventDependencies) {
+  ClDevice o;
+  ASSERT_TRUE(OpenDevice(GetParam(), o, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE | CL_QUEUE_PROFILING_ENABLE));
+  cl_int err;
+  const size_t n = 4096;
+  std::vector<int> host(n, 1);
+  cl_mem buf = clCreateBuffer(o.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof(int),
+                              host.data(), &err);
+  cl_program p = BuildProgram(o, kScale);
+  ASSERT_NE(p, nullptr);
+  cl_kernel scale = clCreateKernel(p, "scale", &err);
+  cl_kernel add = clCreateKernel(p, "addk", &err);
+  int f = 5, k = 2;
+  clSetKernelArg(scale, 0, sizeof(cl_mem), &buf);
+  clSetKernelArg(scale, 1, sizeof(int), &f);
+  clSetKernelArg(add, 0, sizeof(cl_mem), &buf);
+  clSetKernelArg(add, 1, sizeof(int), &k);
+  // ((1 + 2) * 5 + 2) * 5 = 85 only if each step waits for the previous one.
+  cl_event e1, e2, e3, e4;
+  ASSERT_EQ(clEnqueueNDRangeKernel(o.queue, add, 1, nullptr, &n, nullptr, 0, nullptr, &e1), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(o.queue, scale, 1, nullptr, &n, nullptr, 1, &e1, &e2), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(o.queue, add, 1, nullptr, &n, nullptr, 1, &e2, &e3), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(o.queue, scale, 1, nullptr, &n, nullptr, 1, &e3, &e4), CL_SUCCESS);
+  std::vector<int> out(n);
+  ASSERT_EQ(clEnqueueReadBuffer(o.queue, buf, CL_TRUE, 0, n * sizeof(int), out.data(), 1, &e4, nullptr),
+            CL_SUCCESS);
+  for (int v : out) ASSERT_EQ(v, 85);
+  cl_int status = 0;
+  clGetEventInfo(e4, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status, nullptr);
+  EXPECT_EQ(status, CL_COMPLETE);
+  cl_ulong start = 0, end = 0;
+  EXPECT_EQ(clGetEventProfilingInfo(e4, CL_PROFILING_COMMAND_START, sizeof(start), &start, nullptr), CL_SUCCESS);
+  EXPECT_EQ(clGetEventProfilingInfo(e4, CL_PROFILING_COMMAND_END, sizeof(end), &end, nullptr), CL_SUCCESS);
+  EXPECT_LE(start, end);
+  EXPECT_GT(end, 0u);
+  for (cl_event e : {e1, e2, e3, e4}) clReleaseEvent(e);
+  clReleaseKernel(scale);
+  clReleaseKernel(add);
+  clReleaseProgram(p);
+  clReleaseMemObject(buf);
+}
+
+TEST_P(FeaturesTest, UserEventHoldsCommandsUntilSet) {
+  cl_int err;
+  const size_t n = 256;
+  std::vector<int> host(n, 7);
+  cl_mem buf = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof(int),
+                              host.data(), &err);
+  cl_event user = clCreateUserEvent(d_.context, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<int> zeros(n, 0);
+  cl_event write_done;
+  ASSERT_EQ(clEnqueueWriteBuffer(d_.queue, buf, CL_FALSE, 0, n * sizeof(int), zeros.data(), 1, &user,
+                                 &write_done), CL_SUCCESS);
+  cl_int status = 0;
+  clGetEventInfo(write_done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status, nullptr);
+  EXPECT_GT(status, CL_COMPLETE) << "the write ran before its user event was set";
+  std::atomic<bool> called{false};
+  ASSERT_EQ(clSetEventCallback(write_done, CL_COMPLETE,
+                               [](cl_event, cl_int, void* u) { static_cast<std::atomic<bool>*>(u)->store(true); },
+                               &called), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(user, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clWaitForEvents(1, &write_done), CL_SUCCESS);
+  std::vector<int> out(n, -1);
+  ASSERT_EQ(clEnqueueReadBuffer(d_.queue, buf, CL_TRUE, 0, n * sizeof(int), out.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (int v : out) ASSERT_EQ(v, 0);
+  clFinish(d_.queue);
+  for (int i = 0; i < 500 && !called; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(called.load());
+  clReleaseEvent(write_done);
+  clReleaseEvent(user);
+  clReleaseMemObject(buf);
+}
+
+TEST_P(FeaturesTest, MapUnmapReadsAndWritesBack) {
+  cl_int err;
+  const size_t n = 1000;
+  cl_mem buf = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, n * sizeof(int), nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  int* w = static_cast<int*>(clEnqueueMapBuffer(d_.queue, buf, CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION, 0,
+                                                n * sizeof(int), 0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  for (size_t i = 0; i < n; ++i) w[i] = static_cast<int>(i * i);
+  ASSERT_EQ(clEnqueueUnmapMemObject(d_.queue, buf, w, 0, nullptr, nullptr), CL_SUCCESS);
+  int* r = static_cast<int*>(clEnqueueMapBuffer(d_.queue, buf, CL_TRUE, CL_MAP_READ, 100 * sizeof(int),
+                                                10 * sizeof(int), 0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(r[i], (100 + i) * (100 + i));
+  cl_uint maps = 0;
+  clGetMemObjectInfo(buf, CL_MEM_MAP_COUNT, sizeof(maps), &maps, nullptr);
+  EXPECT_EQ(maps, 1u);
+  ASSERT_EQ(clEnqueueUnmapMemObject(d_.queue, buf, r, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clFinish(d_.queue), CL_SUCCESS);
+  clReleaseMemObject(buf);
+}
+
+TEST_P(FeaturesTest, FillCopyAndRectTransfers) {
+  cl_int err;
+  const size_t w = 64, h = 32;
+  cl_mem a = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, w * h, nullptr, &err);
+  cl_mem b = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, w * h, nullptr, &err);
+  uint8_t pat = 0x5a;
+  ASSERT_EQ(clEnqueueFillBuffer(d_.queue, a, &pat, 1, 0, w * h, 0, nullptr, nullptr), CL_SUCCESS);
+  std::vector<uint8_t> tile(8 * 4);
+  std::iota(tile.begin(), tile.end(), 1);
+  size_t bo[3] = {16, 8, 0}, ho[3] = {0, 0, 0}, region[3] = {8, 4, 1};
+  ASSERT_EQ(clEnqueueWriteBufferRect(d_.queue, a, CL_FALSE, bo, ho, region, w, 0, 8, 0, tile.data(), 0,
+                                     nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueCopyBuffer(d_.queue, a, b, 0, 0, w * h, 0, nullptr, nullptr), CL_SUCCESS);
+  std::vector<uint8_t> out(w * h);
+  ASSERT_EQ(clEnqueueReadBuffer(d_.queue, b, CL_TRUE, 0, out.size(), out.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (size_t y = 0; y < h; ++y) {
+    for (size_t x = 0; x < w; ++x) {
+      bool in = x >= 16 && x < 24 && y >= 8 && y < 12;
+      uint8_t want = in ? tile[(y - 8) * 8 + (x - 16)] : 0x5a;
+      ASSERT_EQ(out[y * w + x], want) << x << "," << y;
+    }
+  }
+  std::vector<uint8_t> back(8 * 4, 0);
+  ASSERT_EQ(clEnqueueReadBufferRect(d_.queue, b, CL_TRUE, bo, ho, region, w, 0, 8, 0, back.data(), 0,
+                                    nullptr, nullptr), CL_SUCCESS);
+  EXPECT_EQ(back, tile);
+  clReleaseMemObject(a);
+  clReleaseMemObject(b);
+}
+
+TEST_P(FeaturesTest, ProgramBinariesRoundTrip) {
+  cl_program p = BuildProgram(d_, kScale);
+  ASSERT_NE(p, nullptr);
+  size_t size = 0;
+  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr), CL_SUCCESS);
+  ASSERT_GT(size, 0u);
+  std::vector<unsigned char> bin(size);
+  unsigned char* ptr = bin.data();
+  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr), CL_SUCCESS);
+  const unsigned char* cptr = bin.data();
+  cl_int status = 0, err = 0;
+  cl_program q = clCreateProgramWithBinary(d_.context, 1, &d_.device, &size, &cptr, &status, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(status, CL_SUCCESS);
+  ASSERT_EQ(clBuildProgram(q, 1, &d_.device, "", nullptr, nullptr), CL_SUCCESS);
+  cl_kernel k = clCreateKernel(q, "scale", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<int> host(64, 2);
+  cl_mem buf = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, 64 * sizeof(int),
+                              host.data(), &err);
+  int f = 21;
+  clSetKernelArg(k, 0, sizeof(cl_mem), &buf);
+  clSetKernelArg(k, 1, sizeof(int), &f);
+  size_t g = 64;
+  ASSERT_EQ(clEnqueueNDRangeKernel(d_.queue, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d_.queue, buf, CL_TRUE, 0, 64 * sizeof(int), host.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (int v : host) ASSERT_EQ(v, 42);
+  char name[64] = {};
+  clGetKernelInfo(k, CL_KERNEL_FUNCTION_NAME, sizeof(name), name, nullptr);
+  EXPECT_STREQ(name, "scale");
+  size_t wg = 0;
+  EXPECT_EQ(clGetKernelWorkGroupInfo(k, d_.device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg, nullptr),
+            CL_SUCCESS);
+  EXPECT_GT(wg, 0u);
+  clReleaseMemObject(buf);
+  clReleaseKernel(k);
+  clReleaseProgram(q);
+  clReleaseProgram(p);
+}
+
+TEST_P(FeaturesTest, BuildFailureReturnsTheCompilerLog) {
+  std::string log;
+  cl_program p = BuildProgram(d_, "__kernel void broken(__global int* a) { a[0] = undefined_thing; }", &log);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_NE(log.find("undefined_thing"), std::string::npos) << log;
+}
+
+TEST_P(FeaturesTest, ApiErrorsAreReturnedNotCrashes) {
+  cl_int err = CL_SUCCESS;
+  cl_program p = BuildProgram(d_, kScale);
+  ASSERT_NE(p, nullptr);
+  cl_kernel k = clCreateKernel(p, "no_such_kernel", &err);
+  EXPECT_EQ(k, nullptr);
+  EXPECT_EQ(err, CL_INVALID_KERNEL_NAME);
+  k = clCreateKernel(p, "scale", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  int f = 1;
+  EXPECT_EQ(clSetKernelArg(k, 7, sizeof(int), &f), CL_INVALID_ARG_INDEX);
+  size_t g = 16;
+  // Argument 0 was never set.
+  clSetKernelArg(k, 1, sizeof(int), &f);
+  EXPECT_EQ(clEnqueueNDRangeKernel(d_.queue, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr),
+            CL_INVALID_KERNEL_ARGS);
+  cl_mem m = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, 64, nullptr, &err);
+  std::vector<char> buf(128);
+  EXPECT_EQ(clEnqueueReadBuffer(d_.queue, m, CL_TRUE, 32, 64, buf.data(), 0, nullptr, nullptr),
+            CL_INVALID_VALUE);
+  clReleaseMemObject(m);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(GmuxAndNative, FeaturesTest,
+                         ::testing::Values(kGmux, kNative),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param) == kGmux ? "gmux" : "native";
+                         });
+
+}  // namespace
+}  // namespace gmux::testing
