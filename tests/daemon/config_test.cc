@@ -1,0 +1,66 @@
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+
+namespace gmux::daemon {
+namespace {
+
+TEST(DaemonConfigTest, EmptyConfigGivesDocumentedDefaults) {
+  auto o = ParseDaemonConfig("", "gmux.toml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->policy, "fifo");
+  EXPECT_EQ(o->unknown_peers, UnknownPeers::kOwnTenant);
+  auto t = o->TenantForUid(1234);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->name, "uid-1234");
+}
+
+TEST(DaemonConfigTest, TenantsMapUidsAndUnknownPeersCanBeRejected) {
+  auto o = ParseDaemonConfig(R"(
+[daemon]
+socket = "/tmp/x.sock"
+inflight_per_device = 2
+
+[tenants]
+unknown_peers = "reject"
+
+[[tenant]]
+name = "alice"
+weight = 2.0
+uids = [1000, 1001]
+)", "gmux.toml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->socket_path, "/tmp/x.sock");
+  EXPECT_EQ(o->inflight_per_device, 2u);
+  auto a = o->TenantForUid(1001);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->name, "alice");
+  EXPECT_EQ(a->weight, 2.0);
+  EXPECT_EQ(o->TenantForUid(5).status().code(), StatusCode::kPermissionDenied);
+}
+
+TEST(DaemonConfigTest, ErrorsNameFileLineAndKey) {
+  auto o = ParseDaemonConfig("[daemon]\n\ninflight_per_device = 0\n", "conf/gmux.toml");
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("conf/gmux.toml:3"), std::string::npos) << o.status().message();
+  EXPECT_NE(o.status().message().find("inflight_per_device"), std::string::npos);
+
+  auto typo = ParseDaemonConfig("[daemon]\nsockett = \"x\"\n", "g.toml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("sockett"), std::string::npos) << typo.status().message();
+
+  auto policy = ParseDaemonConfig("[scheduler]\npolicy = \"nope\"\n", "g.toml");
+  ASSERT_FALSE(policy.ok());
+  EXPECT_NE(policy.status().message().find("g.toml:2"), std::string::npos) << policy.status().message();
+
+  auto dup = ParseDaemonConfig("[[tenant]]\nname = \"a\"\nuids = [1]\n[[tenant]]\nname = \"b\"\nuids = [1]\n",
+                               "g.toml");
+  ASSERT_FALSE(dup.ok());
+}
+
+TEST(DaemonConfigTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadDaemonConfig("/nonexistent/gmux.toml").status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace gmux::daemon

@@ -1,0 +1,320 @@
+// gmuxd's server against raw protocol clients: handshake, version mismatch, malformed frames,
+// unknown and foreign ids, absurd sizes, clients dying mid-transfer (nothing leaks), and the
+// daemon keeps serving the others throughout.
+#include "daemon/server.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+namespace gmux::daemon {
+namespace {
+
+namespace wire = proto::wire;
+
+class RawClient {
+ public:
+  explicit RawClient(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    timeval tv{20, 0};  // a broken daemon fails the test instead of hanging it
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  ~RawClient() { Close(); }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  bool connected() const { return connected_; }
+  int fd() const { return fd_; }
+
+  Status Send(capnp::MallocMessageBuilder& b) {
+    return proto::WriteFrame(fd_, proto::FrameKind::kRequest, b);
+  }
+  Result<proto::Message> Read() { return proto::ReadFrame(fd_, proto::FrameKind::kReply); }
+
+  // Sends and returns the reply's status (or INT32_MIN when the connection failed).
+  int32_t Call(capnp::MallocMessageBuilder& b, std::string* message = nullptr) {
+    if (b.getRoot<wire::Request>().getSeq() == 0) b.getRoot<wire::Request>().setSeq(next_seq_++);
+    if (!Send(b).ok()) return INT32_MIN;
+    auto m = Read();
+    if (!m.ok()) return INT32_MIN;
+    auto r = m->root<wire::Reply>();
+    if (message != nullptr) *message = r.getMessage();
+    return r.getStatus();
+  }
+
+  int32_t Hello(uint32_t version = proto::kProtocolVersion) {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Request>();
+    r.setSeq(1);
+    r.initHello().setProtocolVersion(version);
+    return Call(b);
+  }
+
+  int32_t CreateContext(uint64_t id) {
+    capnp::MallocMessageBuilder b;
+    auto c = b.initRoot<wire::Request>().initCreateContext();
+    c.setId(id);
+    c.initDevices(1).set(0, 0);
+    return Call(b);
+  }
+
+  int32_t CreateBuffer(uint64_t id, uint64_t ctx, uint64_t size) {
+    capnp::MallocMessageBuilder b;
+    auto c = b.initRoot<wire::Request>().initCreateBuffer();
+    c.setId(id);
+    c.setContext(ctx);
+    c.setSize(size);
+    return Call(b);
+  }
+
+  int32_t CreateQueue(uint64_t id, uint64_t ctx) {
+    capnp::MallocMessageBuilder b;
+    auto c = b.initRoot<wire::Request>().initCreateQueue();
+    c.setId(id);
+    c.setContext(ctx);
+    c.setDevice(0);
+    return Call(b);
+  }
+
+  int64_t LiveBackendObjects() {
+    capnp::MallocMessageBuilder b;
+    b.initRoot<wire::Request>().setStats();
+    b.getRoot<wire::Request>().setSeq(next_seq_++);
+    if (!Send(b).ok()) return -1;
+    auto m = Read();
+    if (!m.ok()) return -1;
+    return m->root<wire::Reply>().getStats().getLiveBackendObjects();
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  uint64_t next_seq_ = 2;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/gmux-daemon-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    DaemonOptions o;
+    o.socket_path = dir_ + "/gmuxd.sock";
+    o.max_bulk_bytes_per_session = 256ull << 20;
+    auto s = Server::Create(o);
+    if (!s.ok() && s.status().code() != StatusCode::kInvalidArgument) {
+      GTEST_SKIP() << "no OpenCL backend: " << s.status().ToString();
+    }
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+    ASSERT_TRUE(server_->Start().ok());
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string socket() const { return dir_ + "/gmuxd.sock"; }
+
+  std::string dir_;
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(ServerTest, HandshakeListsTheBackendDevices) {
+  RawClient c(socket());
+  ASSERT_TRUE(c.connected());
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Request>();
+  r.setSeq(1);
+  r.initHello().setProtocolVersion(proto::kProtocolVersion);
+  ASSERT_TRUE(c.Send(b).ok());
+  auto m = c.Read();
+  ASSERT_TRUE(m.ok());
+  auto rep = m->root<wire::Reply>();
+  EXPECT_EQ(rep.getStatus(), 0);
+  ASSERT_TRUE(rep.isHello());
+  EXPECT_EQ(rep.getHello().getDevices().size(), server_->backend().devices().size());
+  EXPECT_EQ(std::string(rep.getHello().getTenant().cStr()), "uid-" + std::to_string(::getuid()));
+}
+
+TEST_F(ServerTest, WrongProtocolVersionGetsAClearError) {
+  RawClient c(socket());
+  EXPECT_EQ(c.Hello(99), CL_INVALID_OPERATION);
+  // A frame header with another version is answered too, then the connection closes.
+  RawClient d(socket());
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::Request>().initHello().setProtocolVersion(proto::kProtocolVersion);
+  auto bytes = proto::EncodeFrame(proto::FrameKind::kRequest, b);
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[4] = 7;
+  ASSERT_EQ(::write(d.fd(), bytes->data(), bytes->size()), static_cast<ssize_t>(bytes->size()));
+  auto m = d.Read();
+  ASSERT_TRUE(m.ok());
+  std::string msg = m->root<wire::Reply>().getMessage();
+  EXPECT_NE(msg.find("version 7"), std::string::npos) << msg;
+  EXPECT_FALSE(d.Read().ok());
+}
+
+TEST_F(ServerTest, MalformedFramesCloseOnlyTheOffender) {
+  RawClient good(socket());
+  ASSERT_EQ(good.Hello(), 0);
+  for (int variant = 0; variant < 3; ++variant) {
+    RawClient bad(socket());
+    ASSERT_EQ(bad.Hello(), 0);
+    std::vector<uint8_t> junk(64, 0xab);
+    if (variant == 1) {
+      // A valid header announcing more than the limit.
+      uint8_t hdr[proto::kHeaderBytes];
+      proto::EncodeHeader({proto::kProtocolVersion, proto::FrameKind::kRequest, 0xFFFFFF00u}, hdr);
+      junk.assign(hdr, hdr + sizeof(hdr));
+    } else if (variant == 2) {
+      // A valid header followed by a payload that is not a message.
+      uint8_t hdr[proto::kHeaderBytes];
+      proto::EncodeHeader({proto::kProtocolVersion, proto::FrameKind::kRequest, 64}, hdr);
+      junk.insert(junk.begin(), hdr, hdr + sizeof(hdr));
+    }
+    ASSERT_EQ(::write(bad.fd(), junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+    EXPECT_FALSE(bad.Read().ok()) << "variant " << variant;  // closed by the daemon
+  }
+  EXPECT_EQ(good.CreateContext(1), 0);
+}
+
+TEST_F(ServerTest, UnknownIdsAreErrors) {
+  RawClient c(socket());
+  ASSERT_EQ(c.Hello(), 0);
+  EXPECT_EQ(c.CreateQueue(2, 12345), CL_INVALID_CONTEXT);
+  EXPECT_EQ(c.CreateBuffer(3, 12345, 64), CL_INVALID_CONTEXT);
+  capnp::MallocMessageBuilder b;
+  auto e = b.initRoot<wire::Request>().initEnqueue();
+  e.setQueue(777);
+  e.setEvent(5);
+  e.setMarker();
+  EXPECT_EQ(c.Call(b), CL_INVALID_COMMAND_QUEUE);
+  capnp::MallocMessageBuilder w;
+  w.initRoot<wire::Request>().initWaitEvents(1).set(0, 4242);
+  EXPECT_EQ(c.Call(w), CL_INVALID_EVENT);
+  capnp::MallocMessageBuilder rel;
+  auto r = rel.initRoot<wire::Request>().initRelease();
+  r.setKind(wire::ObjectKind::MEM);
+  r.setId(99);
+  EXPECT_EQ(c.Call(rel), CL_INVALID_VALUE);
+  EXPECT_EQ(c.CreateContext(1), 0);
+  EXPECT_EQ(c.CreateContext(1), CL_INVALID_VALUE) << "an id in use";
+}
+
+TEST_F(ServerTest, ASessionCannotNameAnotherSessionsObjects) {
+  RawClient a(socket()), b(socket());
+  ASSERT_EQ(a.Hello(), 0);
+  ASSERT_EQ(b.Hello(), 0);
+  ASSERT_EQ(a.CreateContext(10), 0);
+  ASSERT_EQ(a.CreateBuffer(11, 10, 4096), 0);
+  EXPECT_EQ(b.CreateQueue(12, 10), CL_INVALID_CONTEXT);
+  capnp::MallocMessageBuilder rel;
+  auto r = rel.initRoot<wire::Request>().initRelease();
+  r.setKind(wire::ObjectKind::MEM);
+  r.setId(11);
+  EXPECT_EQ(b.Call(rel), CL_INVALID_VALUE);
+  // The same ids are free in b's own table.
+  EXPECT_EQ(b.CreateContext(10), 0);
+  EXPECT_EQ(b.CreateBuffer(11, 10, 4096), 0);
+  // And a's objects are intact.
+  EXPECT_EQ(a.CreateQueue(13, 10), 0);
+}
+
+TEST_F(ServerTest, AbsurdSizesAreRefused) {
+  RawClient c(socket());
+  ASSERT_EQ(c.Hello(), 0);
+  ASSERT_EQ(c.CreateContext(1), 0);
+  EXPECT_NE(c.CreateBuffer(2, 1, 1ull << 62), 0);
+  capnp::MallocMessageBuilder bb;
+  auto begin = bb.initRoot<wire::Request>().initBulkBegin();
+  begin.setToken(9);
+  begin.setSize(1ull << 62);
+  EXPECT_EQ(c.Call(bb), CL_OUT_OF_RESOURCES);
+  // Bulk data outside its transfer.
+  capnp::MallocMessageBuilder b2;
+  auto b2b = b2.initRoot<wire::Request>().initBulkBegin();
+  b2b.setToken(10);
+  b2b.setSize(16);
+  EXPECT_EQ(c.Call(b2), 0);
+  capnp::MallocMessageBuilder b3;
+  auto d = b3.initRoot<wire::Request>().initBulkData();
+  d.setToken(10);
+  d.setOffset(8);
+  d.initData(16);
+  EXPECT_EQ(c.Call(b3), CL_INVALID_VALUE);
+  // A read beyond the buffer.
+  ASSERT_EQ(c.CreateBuffer(3, 1, 64), 0);
+  ASSERT_EQ(c.CreateQueue(4, 1), 0);
+  capnp::MallocMessageBuilder rd;
+  auto e = rd.initRoot<wire::Request>().initEnqueue();
+  e.setQueue(4);
+  e.setEvent(77);
+  auto rb = e.initReadBuffer();
+  rb.setMem(3);
+  rb.setOffset(32);
+  rb.setSize(~0ull - 16);
+  EXPECT_EQ(c.Call(rd), CL_INVALID_VALUE);
+  EXPECT_EQ(c.CreateContext(5), 0) << "the session still works";
+}
+
+TEST_F(ServerTest, ClientsDyingMidTransferLeakNothing) {
+  RawClient probe(socket());
+  ASSERT_EQ(probe.Hello(), 0);
+  ASSERT_TRUE(server_->WaitForNoSessions(std::chrono::milliseconds(1)) == false);
+  const int64_t baseline = probe.LiveBackendObjects();
+  ASSERT_GE(baseline, 0);
+  auto rss_kb = [] {
+    std::ifstream f("/proc/self/statm");
+    long pages = 0, resident = 0;
+    f >> pages >> resident;
+    return resident * (::sysconf(_SC_PAGESIZE) / 1024);
+  };
+  long rss_before = 0;
+  for (int i = 0; i < 40; ++i) {
+    if (i == 5) rss_before = rss_kb();  // after allocator warm-up
+    RawClient c(socket());
+    ASSERT_EQ(c.Hello(), 0);
+    ASSERT_EQ(c.CreateContext(1), 0);
+    ASSERT_EQ(c.CreateQueue(2, 1), 0);
+    ASSERT_EQ(c.CreateBuffer(3, 1, 1 << 20), 0);
+    // Begin a 4 MiB upload and die halfway through a data frame.
+    capnp::MallocMessageBuilder bb;
+    auto begin = bb.initRoot<wire::Request>().initBulkBegin();
+    begin.setToken(5);
+    begin.setSize(4 << 20);
+    ASSERT_TRUE(c.Send(bb).ok());
+    capnp::MallocMessageBuilder bd;
+    auto d = bd.initRoot<wire::Request>().initBulkData();
+    d.setToken(5);
+    d.initData(1 << 20);
+    auto frame = proto::EncodeFrame(proto::FrameKind::kRequest, bd);
+    ASSERT_TRUE(frame.ok());
+    ASSERT_GT(::write(c.fd(), frame->data(), frame->size() / 2), 0);
+    c.Close();
+  }
+  // The probe session stays; every other session must be gone with its objects.
+  for (int i = 0; i < 500 && server_->SessionCount() > 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server_->SessionCount(), 1u);
+  EXPECT_EQ(probe.LiveBackendObjects(), baseline);
+  long growth_kb = rss_kb() - rss_before;
+  EXPECT_LT(growth_kb, 64 * 1024) << "daemon memory grew by " << growth_kb << " KiB";
+}
+
+}  // namespace
+}  // namespace gmux::daemon
