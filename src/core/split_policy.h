@@ -6,7 +6,7 @@
 // per scheduling round. The chunk sizes are steered by each tenant's GPU usage time so that every
 // tenant gets an equal share.
 //
-// Algorithm as implemented (docs/parts/policies-20-split.md has the numbers and every decision):
+// Algorithm as implemented (docs/policies.md, "split", has the numbers and every decision):
 //   Monitor (4.2): per tenant, work-items submitted (total), completed (processed) and not yet
 //     completed (remaining), plus the number of active tenants N: tenants with a block pending
 //     or in flight. A tenant joins the schedule when a block arrives and leaves it when its work is

@@ -1,7 +1,7 @@
 // Scenario kind "kernel": closed-loop kernel and frame submitters sharing simulated devices,
 // each experiment run once per policy on identical random streams (common random numbers), so
 // the policies are compared on the same workload. The file format is documented in
-// docs/parts/simulator.md ("Scenario files, kind = kernel"); in short:
+// docs/simulator.md ("Scenario files, kind = kernel"); in short:
 //
 //   kind = "kernel"            name, description, seed, policies, duration_s | repetitions,
 //                              window_s, lambda_metric, record_completions, max_duration_s

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       "\n"
       "--csv writes one CSV per run (t_s, then one column per tenant: throughput per window);\n"
       "--plot also renders one PNG chart per run with gnuplot. The scenario format is described\n"
-      "in docs/parts/simulator.md. Exit status: 0 on success, 2 on any error (bad file, bad option,\n"
+      "in docs/simulator.md. Exit status: 0 on success, 2 on any error (bad file, bad option,\n"
       "failed run), with the reason on stderr.");
   SimRunArgs args;
   sim_run->add_option("FILE", args.file, "Scenario file (TOML), e.g. scenarios/vmcg-fairness.toml")
