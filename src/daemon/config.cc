@@ -70,7 +70,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
                                                   static_cast<int64_t>(2ull << 30), 1 << 20,
                                                   INT64_MAX));
     o.max_bulk_bytes_per_session = static_cast<uint64_t>(mb);
-    GMUX_ASSIGN_OR_RETURN(int64_t inf, doc.Integer(*d, "inflight_per_device", 4, 1, 1024));
+    GMUX_ASSIGN_OR_RETURN(int64_t inf, doc.Integer(*d, "inflight_per_device", 32, 1, 1024));
     o.inflight_per_device = static_cast<uint32_t>(inf);
     GMUX_ASSIGN_OR_RETURN(int64_t mf, doc.Integer(*d, "max_frame_bytes",
                                                   proto::kDefaultMaxPayloadBytes,

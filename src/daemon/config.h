@@ -36,7 +36,7 @@ struct DaemonOptions {
   uint32_t socket_mode = 0666;                  // permissions of the socket file
   uint32_t max_sessions = 256;
   uint64_t max_bulk_bytes_per_session = 2ull << 30;  // staged upload bytes one session may hold
-  uint32_t inflight_per_device = 4;             // dispatched, unfinished commands per device
+  uint32_t inflight_per_device = 32;            // dispatched, unfinished commands per device
   proto::FrameLimits frame;
   BackendOptions backend;
   std::string policy = "fifo";

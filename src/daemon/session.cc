@@ -955,26 +955,28 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
 
 Session::Err Session::Finish(uint64_t seq, uint64_t queue, bool& replied) {
   GMUX_LOOKUP(q, queues_, queue, CL_INVALID_COMMAND_QUEUE, "queue");
-  auto cmd = std::make_shared<Command>();
-  cmd->session = core_;
-  cmd->tenant = core_->tenant;
-  cmd->device = q->device;
-  cmd->queue = q->q;
-  cmd->event = std::make_shared<EventRecord>(0, false, q->device);
-  cmd->block.kind = core::BlockKind::kMarker;
+  // clFinish waits for every command of the queue enqueued so far. Rather than sending a marker
+  // through the scheduler and the device, wait for their events: each completes after its
+  // results (read data) were sent, so the answer still follows them on the wire.
   std::erase_if(q->outstanding, [](const auto& e) { return e->done(); });
-  cmd->order_deps = q->outstanding;
-  cmd->run = [](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
-    return Dispatch(cq).clEnqueueMarkerWithWaitList(cq, static_cast<cl_uint>(w.size()),
-                                                    w.empty() ? nullptr : w.data(), out);
+  if (seq == 0) return {};
+  if (q->outstanding.empty()) return {};
+  struct State {
+    std::atomic<size_t> left;
+    std::atomic<bool> failed{false};
   };
-  if (seq != 0) {
-    cmd->finished = [core = core_, seq](cl_int status) {
-      core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
-    };
-    replied = true;
+  auto st = std::make_shared<State>();
+  st->left = q->outstanding.size();
+  replied = true;
+  for (auto& e : q->outstanding) {
+    e->AddWaiter([st, core = core_, seq](cl_int status) {
+      if (status < 0) st->failed = true;
+      if (st->left.fetch_sub(1) == 1) {
+        // clFinish itself succeeds; failed commands report through their events.
+        core->SendStatus(seq, CL_SUCCESS, "");
+      }
+    });
   }
-  scheduler_.Submit(std::move(cmd));
   return {};
 }
 
