@@ -470,9 +470,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         return {CL_OUT_OF_RESOURCES, "bulk transfer of " + std::to_string(r.getSize()) +
                                          " bytes exceeds the session limit"};
       }
-      auto b = std::make_shared<Bulk>();
+      std::shared_ptr<Bulk> b;
       try {
-        b->bytes.resize(r.getSize());
+        b = std::make_shared<Bulk>(r.getSize());
       } catch (const std::bad_alloc&) {
         return {CL_OUT_OF_HOST_MEMORY, "cannot stage bulk data"};
       }
@@ -486,8 +486,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       GMUX_LOOKUP(b, bulk_, r.getToken(), CL_INVALID_VALUE, "bulk token");
       auto data = r.getData();
       Bulk& bulk = **b;
-      if (r.getOffset() > bulk.bytes.size() || data.size() > bulk.bytes.size() - r.getOffset()) {
-        return {CL_INVALID_VALUE, "bulk data outside its transfer"};
+      if (r.getOffset() != bulk.filled || data.size() > bulk.bytes.size() - r.getOffset()) {
+        return {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"};
       }
       std::memcpy(bulk.bytes.data() + r.getOffset(), data.begin(), data.size());
       bulk.filled += data.size();
@@ -829,7 +829,12 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       if (core_->bulk_bytes.load() + host_bytes > options_.max_bulk_bytes_per_session) {
         return fail({CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit"});
       }
-      auto staging = std::make_shared<std::vector<uint8_t>>(host_bytes);
+      std::shared_ptr<HostBuffer> staging;
+      try {
+        staging = std::make_shared<HostBuffer>(host_bytes);
+      } catch (const std::bad_alloc&) {
+        return fail({CL_OUT_OF_HOST_MEMORY, "cannot stage the read"});
+      }
       core_->bulk_bytes.fetch_add(host_bytes);
       uint64_t off = rb.getOffset();
       cmd->run = [mem = m->mem, staging, off, rect, ra](cl_command_queue cq,
@@ -858,7 +863,14 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
             rep.setSeq(seq);
             auto rd = rep.initReadData();
             rd.setOffset(at);
-            rd.setData(kj::arrayPtr(staging->data() + at, n));
+            if (n % sizeof(capnp::word) == 0) {
+              // Chunks start at multiples of the chunk size in an operator new[] block, so they
+              // are word-aligned: send them without copying into the message.
+              rd.adoptData(b.getOrphanage().referenceExternalData(
+                  capnp::Data::Reader(staging->data() + at, n)));
+            } else {
+              rd.setData(kj::arrayPtr(staging->data() + at, n));
+            }
             rd.setLast(at + n == staging->size());
             core->Send(b);
             at += n;

@@ -25,6 +25,20 @@
 
 namespace gmux::daemon {
 
+// Host memory the daemon stages transfers in. Never zero-filled: every byte is written (by the
+// client's sequential bulk data, or by the device) before it is used.
+class HostBuffer {
+ public:
+  explicit HostBuffer(size_t n) : data_(new uint8_t[n]), size_(n) {}
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t size_;
+};
+
 struct SessionCore {
   int fd = -1;
   uint64_t id = 0;
@@ -82,8 +96,9 @@ class Session {
     uint32_t num_args = 0;
   };
   struct Bulk {
-    std::vector<uint8_t> bytes;
-    uint64_t filled = 0;
+    explicit Bulk(size_t n) : bytes(n) {}
+    HostBuffer bytes;
+    uint64_t filled = 0;  // chunks arrive in order, so [0, filled) is written
   };
   // An OpenCL error with a message for the client.
   struct Err {

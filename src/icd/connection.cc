@@ -194,11 +194,18 @@ uint64_t Connection::SendBulk(const void* data, size_t size) {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t at = 0; at < size; at += proto::kBulkChunkBytes) {
     size_t n = std::min(proto::kBulkChunkBytes, size - at);
-    capnp::MallocMessageBuilder b(static_cast<unsigned>(n / sizeof(capnp::word) + 64));
+    capnp::MallocMessageBuilder b;
     auto bd = b.initRoot<wire::Request>().initBulkData();
     bd.setToken(token);
     bd.setOffset(at);
-    bd.setData(kj::arrayPtr(p + at, n));
+    if (reinterpret_cast<uintptr_t>(p + at) % sizeof(capnp::word) == 0 &&
+        n % sizeof(capnp::word) == 0) {
+      // Aligned: the application's memory becomes a segment of the message and is sent from
+      // where it is, without a copy.
+      bd.adoptData(b.getOrphanage().referenceExternalData(capnp::Data::Reader(p + at, n)));
+    } else {
+      bd.setData(kj::arrayPtr(p + at, n));
+    }
     if (Post(b) != CL_SUCCESS) return 0;
   }
   return token;
