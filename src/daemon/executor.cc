@@ -1,5 +1,7 @@
 #include "daemon/executor.h"
 
+#include <algorithm>
+
 #include "daemon/session.h"
 
 namespace gmux::daemon {
@@ -89,8 +91,16 @@ void Executor::Enqueue(std::shared_ptr<Command> cmd) {
     entry->status = fail;
     entry->done = true;
   }
-  // Flush so the device starts; some backends only launch on flush.
-  if (!entry->done) Dispatch(cmd->queue->h).clFlush(cmd->queue->h);
+  // Flush so the device starts (some backends only launch on flush), once per batch: when more
+  // commands are already waiting, the last of them flushes every queue the batch used.
+  if (!entry->done &&
+      std::find(unflushed_.begin(), unflushed_.end(), cmd->queue) == unflushed_.end()) {
+    unflushed_.push_back(cmd->queue);
+  }
+  if (mailbox_.Empty()) {
+    for (const auto& q : unflushed_) Dispatch(q->h).clFlush(q->h);
+    unflushed_.clear();
+  }
   Deliver();
 }
 

@@ -52,6 +52,7 @@ class Executor {
   Mailbox mailbox_;
   std::thread thread_;
   std::deque<std::shared_ptr<Entry>> inflight_;  // executor thread only
+  std::vector<Ref<cl_command_queue>> unflushed_;  // executor thread only
   std::atomic<bool> stopping_{false};
 };
 

@@ -38,6 +38,11 @@ class Mailbox {
     return t;
   }
 
+  bool Empty() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tasks_.empty();
+  }
+
   void Close() {
     {
       std::lock_guard<std::mutex> lock(mu_);

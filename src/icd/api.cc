@@ -418,7 +418,8 @@ cl_int CL_API_CALL GetCommandQueueInfo(cl_command_queue q, cl_command_queue_info
 }
 
 cl_int CL_API_CALL Flush(cl_command_queue q) {
-  return Is(q, Kind::kQueue) ? CL_SUCCESS : CL_INVALID_COMMAND_QUEUE;
+  if (!Is(q, Kind::kQueue)) return CL_INVALID_COMMAND_QUEUE;
+  return Conn()->Flush();
 }
 
 cl_int CL_API_CALL Finish(cl_command_queue q) {

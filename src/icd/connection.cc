@@ -113,20 +113,64 @@ Connection* Connection::Connect() {
   return conn;
 }
 
-cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request) {
+namespace {
+
+bool SendAll(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+constexpr size_t kBatchFrameBytes = 16u << 10;  // frames up to this size may wait in the batch
+constexpr size_t kBatchBytes = 64u << 10;       // the batch is sent when it reaches this size
+
+}  // namespace
+
+cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_batch) {
   std::lock_guard<std::mutex> lock(send_mu_);
   {
     std::lock_guard<std::mutex> l2(mu_);
     if (dead_) return CL_DEVICE_NOT_AVAILABLE;
   }
+  bool batched = false;
+  if (may_batch &&
+      capnp::computeSerializedSizeInWords(request) * sizeof(capnp::word) <= kBatchFrameBytes) {
+    auto bytes = proto::EncodeFrame(proto::FrameKind::kRequest, request);
+    if (!bytes.ok()) return CL_OUT_OF_RESOURCES;
+    batch_.insert(batch_.end(), bytes->begin(), bytes->end());
+    if (batch_.size() < kBatchBytes) return CL_SUCCESS;
+    batched = true;
+  }
+  // Anything batched goes first, so frames keep their order.
+  if (!batch_.empty()) {
+    bool ok = SendAll(fd_, batch_.data(), batch_.size());
+    batch_.clear();
+    if (!ok) return CL_DEVICE_NOT_AVAILABLE;
+  }
+  if (batched) return CL_SUCCESS;
   Status s = proto::WriteFrame(fd_, proto::FrameKind::kRequest, request);
   if (s.ok()) return CL_SUCCESS;
   return s.code() == StatusCode::kResourceExhausted ? CL_OUT_OF_RESOURCES : CL_DEVICE_NOT_AVAILABLE;
 }
 
+cl_int Connection::Flush() {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (batch_.empty()) return CL_SUCCESS;
+  bool ok = SendAll(fd_, batch_.data(), batch_.size());
+  batch_.clear();
+  return ok ? CL_SUCCESS : CL_DEVICE_NOT_AVAILABLE;
+}
+
 cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
   request.getRoot<wire::Request>().setSeq(0);
-  return SendLocked(request);
+  return SendLocked(request, /*may_batch=*/true);
 }
 
 uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
@@ -140,7 +184,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     p.size = size;
     p.on_reply = std::move(on_reply);
   }
-  cl_int err = SendLocked(request);
+  cl_int err = SendLocked(request, /*may_batch=*/false);
   if (err != CL_SUCCESS) {
     std::function<void(cl_int)> cb;
     {

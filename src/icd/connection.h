@@ -45,8 +45,11 @@ class Connection {
 
   uint64_t NextId() { return next_id_.fetch_add(1); }
 
-  // Sends a request without waiting (its seq is left 0).
+  // Sends a request without waiting (its seq is left 0). Small requests are batched: they leave
+  // with the next request that waits for a reply, at Flush(), or when the batch fills.
   cl_int Post(capnp::MallocMessageBuilder& request);
+  // Sends the batch now (clFlush).
+  cl_int Flush();
 
   // Sends a request with a fresh seq and waits for its reply; `reply` receives it on success.
   cl_int Call(capnp::MallocMessageBuilder& request, std::optional<proto::Message>* reply = nullptr,
@@ -69,7 +72,7 @@ class Connection {
   static Connection* Connect();
   void ReceiveLoop();
   void CallbackLoop();
-  cl_int SendLocked(capnp::MallocMessageBuilder& request);
+  cl_int SendLocked(capnp::MallocMessageBuilder& request, bool may_batch);
 
   struct Pending {
     bool done = false;
@@ -86,7 +89,8 @@ class Connection {
   std::string tenant_;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> next_seq_{2};  // 1 is the handshake's
-  std::mutex send_mu_;                 // serializes frames on fd_
+  std::mutex send_mu_;                 // serializes frames on fd_; guards batch_
+  std::vector<uint8_t> batch_;         // encoded frames not yet sent
   std::mutex mu_;                      // guards pending_, dead_, async_error_, callbacks_
   std::condition_variable cv_;
   std::map<uint64_t, Pending> pending_;
