@@ -2,7 +2,10 @@
 
 #include <kj/exception.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +39,34 @@ void SessionCore::SendStatus(uint64_t seq, cl_int status, const std::string& mes
   r.setStatus(status);
   r.setMessage(message);
   Send(b);
+}
+
+Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size) {
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return InvalidArgument("shared memory must be a memfd sealed against shrinking");
+  }
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < size) {
+    return InvalidArgument("shared memory is smaller than the transfer");
+  }
+  auto b = std::shared_ptr<HostBuffer>(new HostBuffer());
+  b->size_ = size;
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) return ResourceExhausted("cannot map shared memory");
+    b->data_ = static_cast<uint8_t*>(p);
+    b->mapped_ = true;
+  }
+  return b;
+}
+
+HostBuffer::~HostBuffer() {
+  if (mapped_) ::munmap(data_, size_);
 }
 
 cl_int StatusToCl(const Status& status) {
@@ -130,7 +161,10 @@ Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Sche
     : core_(std::move(core)), backend_(backend), cl_(backend.cl()), scheduler_(scheduler),
       options_(options) {}
 
-Session::~Session() { core_->closed = true; }
+Session::~Session() {
+  core_->closed = true;
+  if (passed_fd_ >= 0) ::close(passed_fd_);
+}
 
 Result<cl_device_id> Session::DeviceFor(uint64_t id) const {
   if (id >= backend_.devices().size()) return NotFound("unknown device id " + std::to_string(id));
@@ -139,7 +173,10 @@ Result<cl_device_id> Session::DeviceFor(uint64_t id) const {
 
 Status Session::Serve() {
   for (;;) {
-    auto msg = proto::ReadFrame(core_->fd, proto::FrameKind::kRequest, core_->limits);
+    if (passed_fd_ >= 0) ::close(passed_fd_);  // a descriptor no request took
+    passed_fd_ = -1;
+    auto msg = proto::ReadFrame(core_->fd, proto::FrameKind::kRequest, core_->limits, nullptr,
+                                &passed_fd_);
     if (!msg.ok()) return msg.status();
     capnp::MallocMessageBuilder reply;
     bool replied = false;
@@ -471,10 +508,20 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                          " bytes exceeds the session limit"};
       }
       std::shared_ptr<Bulk> b;
-      try {
-        b = std::make_shared<Bulk>(r.getSize());
-      } catch (const std::bad_alloc&) {
-        return {CL_OUT_OF_HOST_MEMORY, "cannot stage bulk data"};
+      if (r.getShm()) {
+        if (passed_fd_ < 0) return {CL_INVALID_VALUE, "shared-memory bulk without a descriptor"};
+        int fd = passed_fd_;
+        passed_fd_ = -1;
+        auto mapped = HostBuffer::MapSealed(fd, r.getSize());
+        if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
+        b = std::make_shared<Bulk>(*mapped);
+        b->filled = r.getSize();
+      } else {
+        try {
+          b = std::make_shared<Bulk>(std::make_shared<HostBuffer>(r.getSize()));
+        } catch (const std::bad_alloc&) {
+          return {CL_OUT_OF_HOST_MEMORY, "cannot stage bulk data"};
+        }
       }
       core_->bulk_bytes.fetch_add(r.getSize());
       bulk_[r.getToken()] = std::move(b);
@@ -830,10 +877,21 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
         return fail({CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit"});
       }
       std::shared_ptr<HostBuffer> staging;
-      try {
-        staging = std::make_shared<HostBuffer>(host_bytes);
-      } catch (const std::bad_alloc&) {
-        return fail({CL_OUT_OF_HOST_MEMORY, "cannot stage the read"});
+      const bool shm = rb.getShm();
+      if (shm) {
+        // The device writes straight into the client's memory: no copy on the daemon.
+        if (passed_fd_ < 0) return fail({CL_INVALID_VALUE, "shared-memory read without a descriptor"});
+        int fd = passed_fd_;
+        passed_fd_ = -1;
+        auto mapped = HostBuffer::MapSealed(fd, host_bytes);
+        if (!mapped.ok()) return fail({CL_INVALID_VALUE, mapped.status().message()});
+        staging = *mapped;
+      } else {
+        try {
+          staging = std::make_shared<HostBuffer>(host_bytes);
+        } catch (const std::bad_alloc&) {
+          return fail({CL_OUT_OF_HOST_MEMORY, "cannot stage the read"});
+        }
       }
       core_->bulk_bytes.fetch_add(host_bytes);
       uint64_t off = rb.getOffset();
@@ -851,9 +909,11 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
                                      static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(),
                                      out);
       };
-      cmd->finished = [core = core_, staging, seq](cl_int status) {
+      cmd->finished = [core = core_, staging, seq, shm](cl_int status) {
         if (status != CL_COMPLETE) {
           core->SendStatus(seq, status, "read failed");
+        } else if (shm) {
+          core->SendStatus(seq, CL_SUCCESS, "");
         } else {
           size_t at = 0;
           do {

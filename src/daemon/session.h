@@ -27,16 +27,27 @@ namespace gmux::daemon {
 
 // Host memory the daemon stages transfers in. Never zero-filled: every byte is written (by the
 // client's sequential bulk data, or by the device) before it is used.
+// Or a client's sealed memfd mapped shared (local clients' bulk transfers).
 class HostBuffer {
  public:
-  explicit HostBuffer(size_t n) : data_(new uint8_t[n]), size_(n) {}
-  uint8_t* data() { return data_.get(); }
-  const uint8_t* data() const { return data_.get(); }
+  explicit HostBuffer(size_t n) : heap_(new uint8_t[n]), data_(heap_.get()), size_(n) {}
+  // Maps `size` bytes of the memfd `fd` (consumed). The file must be sealed against shrinking
+  // (F_SEAL_SHRINK) and at least `size` long, so the client cannot make the daemon fault.
+  static Result<std::shared_ptr<HostBuffer>> MapSealed(int fd, size_t size);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
 
  private:
-  std::unique_ptr<uint8_t[]> data_;
-  size_t size_;
+  HostBuffer() = default;
+  std::unique_ptr<uint8_t[]> heap_;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  bool mapped_ = false;
 };
 
 struct SessionCore {
@@ -96,8 +107,9 @@ class Session {
     uint32_t num_args = 0;
   };
   struct Bulk {
-    explicit Bulk(size_t n) : bytes(n) {}
-    HostBuffer bytes;
+    explicit Bulk(std::shared_ptr<HostBuffer> b) : buffer(std::move(b)), bytes(*buffer) {}
+    std::shared_ptr<HostBuffer> buffer;
+    HostBuffer& bytes;
     uint64_t filled = 0;  // chunks arrive in order, so [0, filled) is written
   };
   // An OpenCL error with a message for the client.
@@ -129,6 +141,7 @@ class Session {
   std::unordered_map<uint64_t, KernelObj> kernels_;
   std::unordered_map<uint64_t, std::shared_ptr<EventRecord>> events_;
   std::unordered_map<uint64_t, std::shared_ptr<Bulk>> bulk_;
+  int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
 };
 
 // Maps a daemon Status to the OpenCL code sent on the wire (the one place this happens).

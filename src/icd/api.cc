@@ -1,6 +1,8 @@
 // The OpenCL API as libgmux-icd implements it: every call the dispatch table routes here is
 // either answered from the client's own objects or forwarded to gmuxd. Enqueues and object
 // releases are sent without waiting; only blocking calls and queries wait for a reply.
+#include <unistd.h>
+
 #include <capnp/message.h>
 #include <kj/exception.h>
 
@@ -763,10 +765,27 @@ class Enqueuer {
     return e;
   }
   // Sends the command with a seq whose reply (read data) lands in dst.
-  uint64_t Begin(void* dst, size_t size, bool blocking) {
-    uint64_t seq = blocking ? c_->Begin(b_, dst, size) : c_->Begin(b_, dst, size, [](cl_int) {});
+  uint64_t Begin(void* dst, size_t size, bool blocking, int pass_fd = -1, void* shm = nullptr) {
+    std::function<void(cl_int)> none;
+    if (!blocking) none = [](cl_int) {};
+    uint64_t seq = c_->Begin(b_, dst, size, std::move(none), pass_fd, shm);
     MakeEvent();
     return seq;
+  }
+
+  // A plain read of `size` bytes into dst, through shared memory when that pays.
+  uint64_t BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking) {
+    if (c_->UseShm(size)) {
+      void* map = nullptr;
+      int fd = Connection::CreateSharedBuffer(size, &map);
+      if (fd >= 0) {
+        r.setShm(true);
+        uint64_t seq = Begin(dst, size, blocking, fd, map);
+        ::close(fd);
+        return seq;
+      }
+    }
+    return Begin(dst, size, blocking);
   }
 
  private:
@@ -832,7 +851,7 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
   r.setMem(m->id);
   r.setOffset(offset);
   r.setSize(size);
-  uint64_t seq = enq.Begin(ptr, size, blocking);
+  uint64_t seq = enq.BeginRead(r, ptr, size, blocking);
   return blocking ? enq.conn()->Wait(seq) : CL_SUCCESS;
 }
 
@@ -1065,7 +1084,7 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
       r.setMem(m->id);
       r.setOffset(offset);
       r.setSize(size);
-      uint64_t seq = enq.Begin(map.ptr, size, blocking);
+      uint64_t seq = enq.BeginRead(r, map.ptr, size, blocking);
       if (blocking) e = enq.conn()->Wait(seq);
     }
   }

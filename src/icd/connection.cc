@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -108,6 +109,9 @@ Connection* Connection::Connect() {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
   conn->fd_ = fd;
+  if (const char* e = std::getenv("GMUX_SHM"); e != nullptr && std::strcmp(e, "0") == 0) {
+    conn->shm_enabled_ = false;
+  }
   std::thread([conn] { conn->ReceiveLoop(); }).detach();
   std::thread([conn] { conn->CallbackLoop(); }).detach();
   return conn;
@@ -133,14 +137,14 @@ constexpr size_t kBatchBytes = 64u << 10;       // the batch is sent when it rea
 
 }  // namespace
 
-cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_batch) {
+cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd) {
   std::lock_guard<std::mutex> lock(send_mu_);
   {
     std::lock_guard<std::mutex> l2(mu_);
     if (dead_) return CL_DEVICE_NOT_AVAILABLE;
   }
   bool batched = false;
-  if (may_batch &&
+  if (may_batch && pass_fd < 0 &&
       capnp::computeSerializedSizeInWords(request) * sizeof(capnp::word) <= kBatchFrameBytes) {
     auto bytes = proto::EncodeFrame(proto::FrameKind::kRequest, request);
     if (!bytes.ok()) return CL_OUT_OF_RESOURCES;
@@ -155,7 +159,7 @@ cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_bat
     if (!ok) return CL_DEVICE_NOT_AVAILABLE;
   }
   if (batched) return CL_SUCCESS;
-  Status s = proto::WriteFrame(fd_, proto::FrameKind::kRequest, request);
+  Status s = proto::WriteFrame(fd_, proto::FrameKind::kRequest, request, {}, pass_fd);
   if (s.ok()) return CL_SUCCESS;
   return s.code() == StatusCode::kResourceExhausted ? CL_OUT_OF_RESOURCES : CL_DEVICE_NOT_AVAILABLE;
 }
@@ -174,7 +178,7 @@ cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
 }
 
 uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
-                           std::function<void(cl_int)> on_reply) {
+                           std::function<void(cl_int)> on_reply, int pass_fd, void* shm) {
   uint64_t seq = next_seq_.fetch_add(1);
   request.getRoot<wire::Request>().setSeq(seq);
   {
@@ -183,13 +187,18 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     p.dst = static_cast<uint8_t*>(dst);
     p.size = size;
     p.on_reply = std::move(on_reply);
+    p.shm = shm;
   }
-  cl_int err = SendLocked(request, /*may_batch=*/false);
+  cl_int err = SendLocked(request, /*may_batch=*/false, pass_fd);
   if (err != CL_SUCCESS) {
     std::function<void(cl_int)> cb;
     {
       std::lock_guard<std::mutex> lock(mu_);
       Pending& p = pending_[seq];
+      if (p.shm != nullptr) {
+        ::munmap(p.shm, p.size);
+        p.shm = nullptr;
+      }
       p.done = true;
       p.status = err;
       cb = std::move(p.on_reply);
@@ -225,8 +234,43 @@ cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<prot
   return p.status;
 }
 
+int Connection::CreateSharedBuffer(size_t size, void** map) {
+  int fd = ::memfd_create("gmux-bulk", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return -1;
+  }
+  *map = p;
+  return fd;
+}
+
 uint64_t Connection::SendBulk(const void* data, size_t size) {
   uint64_t token = NextId();
+  if (UseShm(size)) {
+    void* map = nullptr;
+    int fd = CreateSharedBuffer(size, &map);
+    if (fd >= 0) {
+      std::memcpy(map, data, size);
+      ::munmap(map, size);
+      capnp::MallocMessageBuilder b;
+      auto bb = b.initRoot<wire::Request>().initBulkBegin();
+      bb.setToken(token);
+      bb.setSize(size);
+      bb.setShm(true);
+      b.getRoot<wire::Request>().setSeq(0);
+      cl_int err = SendLocked(b, /*may_batch=*/false, fd);
+      ::close(fd);
+      return err == CL_SUCCESS ? token : 0;
+    }
+    // No memfd (old kernel, limits): fall back to inline data.
+  }
   {
     capnp::MallocMessageBuilder b;
     auto r = b.initRoot<wire::Request>();
@@ -294,6 +338,11 @@ void Connection::ReceiveLoop() {
       } else {
         p.status = rep.getStatus();
         p.message = rep.getMessage();
+        if (p.shm != nullptr) {
+          if (p.status == CL_SUCCESS && p.dst != nullptr) std::memcpy(p.dst, p.shm, p.size);
+          ::munmap(p.shm, p.size);
+          p.shm = nullptr;
+        }
       }
       if (!complete) return;
       p.done = true;

@@ -51,6 +51,43 @@ Result<size_t> ReadFully(int fd, void* buf, size_t n) {
   return got;
 }
 
+// Reads the header with recvmsg so a descriptor passed with the frame is received (the kernel
+// delivers it with the frame's first byte). Every descriptor but the first kept one is closed.
+Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
+  size_t got = 0;
+  while (got < n) {
+    iovec iov{buf + got, n - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ECONNRESET) return got;
+      return Unavailable("recvmsg: " + ErrnoText(errno));
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (fd_out != nullptr && *fd_out < 0) {
+          *fd_out = passed;
+        } else {
+          ::close(passed);
+        }
+      }
+    }
+    if (r == 0) return got;
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+
 }  // namespace
 
 Status FrameLimits::Validate() const {
@@ -197,7 +234,7 @@ Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& 
 }
 
 Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
-                  const FrameLimits& limits) {
+                  const FrameLimits& limits, int pass_fd) {
   Encoded e;
   GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
   std::vector<iovec> iov;
@@ -212,6 +249,17 @@ Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
     msghdr msg{};
     msg.msg_iov = iov.data() + first;
     msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    if (pass_fd >= 0 && first == 0 && iov[0].iov_len == kHeaderBytes) {
+      std::memset(control, 0, sizeof(control));
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
     ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EINTR) continue;
@@ -231,9 +279,10 @@ Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
 }
 
 Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits,
-                          FrameHeader* header_out) {
+                          FrameHeader* header_out, int* fd_out) {
   uint8_t hdr[kHeaderBytes];
-  GMUX_ASSIGN_OR_RETURN(size_t got, ReadFully(fd, hdr, kHeaderBytes));
+  if (fd_out != nullptr) *fd_out = -1;
+  GMUX_ASSIGN_OR_RETURN(size_t got, ReadHeader(fd, hdr, kHeaderBytes, fd_out));
   if (got == 0) return Unavailable("peer closed the connection");
   if (got < kHeaderBytes) return DataLoss("connection closed inside a frame header");
   if (header_out != nullptr && got >= 8) {

@@ -94,13 +94,16 @@ Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& 
 
 // Blocking frame I/O on a connected stream socket. WriteFrame sends header and segments with one
 // sendmsg (MSG_NOSIGNAL: a closed peer is kUnavailable, never SIGPIPE); callers serialize writers.
+// `pass_fd` >= 0 is sent with the frame as SCM_RIGHTS (Unix sockets; shared-memory transfers).
 Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
-                  const FrameLimits& limits = {});
+                  const FrameLimits& limits = {}, int pass_fd = -1);
 
 // Reads one frame. kUnavailable when the peer closed cleanly between frames, kDataLoss when it
 // closed mid-frame, and DecodeHeader/DecodePayload's errors otherwise. `header_out`, when given,
 // receives the header even when the payload is rejected (so a version mismatch can be answered).
+// `fd_out`, when given, receives a file descriptor passed with the frame (-1 if none; the caller
+// owns it); descriptors passed when `fd_out` is null, or beyond the first, are closed.
 Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits = {},
-                          FrameHeader* header_out = nullptr);
+                          FrameHeader* header_out = nullptr, int* fd_out = nullptr);
 
 }  // namespace gmux::proto

@@ -143,6 +143,7 @@ struct Release {
 struct BulkBegin {
   token @0 :UInt64;
   size @1 :UInt64;
+  shm @2 :Bool;      # local clients: the data is in a sealed memfd passed with this frame
 }
 
 struct BulkData {
@@ -195,6 +196,8 @@ struct ReadBuffer {
   size @2 :UInt64;
   rect @3 :Rect;
   isRect @4 :Bool;
+  shm @5 :Bool;      # local clients: write the data into the sealed memfd passed with this
+                     # frame and answer with a plain status instead of ReadData
 }
 
 struct CopyBuffer {

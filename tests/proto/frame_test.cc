@@ -213,5 +213,30 @@ TEST_F(SocketPairTest, WriteToClosedPeerIsUnavailableNotSigpipe) {
   EXPECT_EQ(WriteFrame(fds_[0], FrameKind::kReply, b).code(), StatusCode::kUnavailable);
 }
 
+TEST_F(SocketPairTest, PassesADescriptorWithAFrame) {
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::Request>().setSeq(3);
+  ASSERT_TRUE(WriteFrame(fds_[0], FrameKind::kRequest, b, {}, pipefd[1]).ok());
+  ::close(pipefd[1]);
+  int got = -1;
+  auto m = ReadFrame(fds_[1], FrameKind::kRequest, {}, nullptr, &got);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_GE(got, 0);
+  ASSERT_EQ(::write(got, "x", 1), 1);  // the received descriptor is the pipe's write end
+  char c = 0;
+  ASSERT_EQ(::read(pipefd[0], &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+  ::close(got);
+  // A descriptor nobody asked for is closed, not leaked: the pipe then reads EOF.
+  ASSERT_EQ(::pipe(pipefd), 0);
+  ASSERT_TRUE(WriteFrame(fds_[0], FrameKind::kRequest, b, {}, pipefd[1]).ok());
+  ::close(pipefd[1]);
+  ASSERT_TRUE(ReadFrame(fds_[1], FrameKind::kRequest).ok());
+  EXPECT_EQ(::read(pipefd[0], &c, 1), 0);
+  ::close(pipefd[0]);
+}
+
 }  // namespace
 }  // namespace gmux::proto

@@ -155,6 +155,9 @@ cl_program BuildProgram(const ClDevice& d, const std::string& source, std::strin
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+#ifdef GMUX_TEST_NO_SHM
+  ::setenv("GMUX_SHM", "0", 1);
+#endif
 #ifdef GMUX_TEST_NO_DAEMON
   gmux::testing::RuntimeEnv::start_daemon = false;
 #endif
