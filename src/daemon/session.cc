@@ -65,6 +65,14 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size) {
   return b;
 }
 
+std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, size_t size) {
+  auto v = std::shared_ptr<HostBuffer>(new HostBuffer());
+  v->data_ = whole->data_;
+  v->size_ = std::min(size, whole->size_);
+  v->whole_ = std::move(whole);
+  return v;
+}
+
 HostBuffer::~HostBuffer() {
   if (mapped_) ::munmap(data_, size_);
 }
@@ -160,6 +168,29 @@ Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Sche
                  const DaemonOptions& options)
     : core_(std::move(core)), backend_(backend), cl_(backend.cl()), scheduler_(scheduler),
       options_(options) {}
+
+Result<std::shared_ptr<HostBuffer>> Session::MapShared(int fd, size_t size) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return InvalidArgument("cannot stat shared memory");
+  }
+  uint64_t key = static_cast<uint64_t>(st.st_ino);
+  for (auto& [k, whole] : shm_maps_) {
+    if (k == key && whole->size() >= size) {
+      // Same memfd as before (its seal still holds: the inode is the one we checked).
+      ::close(fd);
+      return HostBuffer::View(whole, size);
+    }
+  }
+  size_t whole_size = st.st_size > 0 ? static_cast<size_t>(st.st_size) : 0;
+  if (whole_size < size) whole_size = size;  // MapSealed reports the error
+  GMUX_ASSIGN_OR_RETURN(auto whole, HostBuffer::MapSealed(fd, whole_size));
+  std::erase_if(shm_maps_, [&](const auto& e) { return e.first == key; });
+  if (shm_maps_.size() >= kMaxShmMaps) shm_maps_.erase(shm_maps_.begin());
+  shm_maps_.emplace_back(key, whole);
+  return HostBuffer::View(whole, size);
+}
 
 Session::~Session() {
   core_->closed = true;
@@ -512,7 +543,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         if (passed_fd_ < 0) return {CL_INVALID_VALUE, "shared-memory bulk without a descriptor"};
         int fd = passed_fd_;
         passed_fd_ = -1;
-        auto mapped = HostBuffer::MapSealed(fd, r.getSize());
+        auto mapped = MapShared(fd, r.getSize());
         if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
         b = std::make_shared<Bulk>(*mapped);
         b->filled = r.getSize();
@@ -851,7 +882,13 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       }
       cmd->block.kind = core::BlockKind::kCopy;
       cmd->block.bytes = data->bytes.size();
-      cmd->finished = [core = core_, data](cl_int) { core->bulk_bytes.fetch_sub(data->bytes.size()); };
+      // A write with a seq (its data in the client's shared memory) is answered once it ran, so
+      // the client may reuse that memory.
+      cmd->finished = [core = core_, data, seq](cl_int status) {
+        core->bulk_bytes.fetch_sub(data->bytes.size());
+        if (seq != 0) core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
+      };
+      replied = seq != 0;
       break;
     }
 
@@ -883,7 +920,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
         if (passed_fd_ < 0) return fail({CL_INVALID_VALUE, "shared-memory read without a descriptor"});
         int fd = passed_fd_;
         passed_fd_ = -1;
-        auto mapped = HostBuffer::MapSealed(fd, host_bytes);
+        auto mapped = MapShared(fd, host_bytes);
         if (!mapped.ok()) return fail({CL_INVALID_VALUE, mapped.status().message()});
         staging = *mapped;
       } else {

@@ -34,6 +34,8 @@ class HostBuffer {
   // Maps `size` bytes of the memfd `fd` (consumed). The file must be sealed against shrinking
   // (F_SEAL_SHRINK) and at least `size` long, so the client cannot make the daemon fault.
   static Result<std::shared_ptr<HostBuffer>> MapSealed(int fd, size_t size);
+  // The first `size` bytes of `whole` (kept alive by the view).
+  static std::shared_ptr<HostBuffer> View(std::shared_ptr<HostBuffer> whole, size_t size);
   ~HostBuffer();
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
@@ -48,6 +50,7 @@ class HostBuffer {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
+  std::shared_ptr<HostBuffer> whole_;  // views only
 };
 
 struct SessionCore {
@@ -142,6 +145,11 @@ class Session {
   std::unordered_map<uint64_t, std::shared_ptr<EventRecord>> events_;
   std::unordered_map<uint64_t, std::shared_ptr<Bulk>> bulk_;
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
+  // The client reuses its shared buffers, so their mappings are kept (by inode), at most
+  // kMaxShmMaps of them, oldest dropped first.
+  Result<std::shared_ptr<HostBuffer>> MapShared(int fd, size_t size);
+  static constexpr size_t kMaxShmMaps = 16;
+  std::vector<std::pair<uint64_t, std::shared_ptr<HostBuffer>>> shm_maps_;
 };
 
 // Maps a daemon Status to the OpenCL code sent on the wire (the one place this happens).

@@ -471,8 +471,9 @@ cl_mem CL_API_CALL CreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size,
   }
   Connection* c = Conn();
   uint64_t token = 0;
+  ShmBuffer held;
   if (needs_ptr) {
-    token = c->SendBulk(host_ptr, size);
+    token = c->SendBulk(host_ptr, size, &held);
     if (token == 0) {
       SetErr(err, CL_OUT_OF_RESOURCES);
       return nullptr;
@@ -487,7 +488,9 @@ cl_mem CL_API_CALL CreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size,
   r.setSize(size);
   r.setInitialData(token);
   // A round trip: allocation failures (CL_INVALID_BUFFER_SIZE, out of memory) are reported here.
+  // The daemon has copied the initial data once it answers.
   cl_int e = c->Call(b);
+  c->ReleaseShm(held);
   if (e != CL_SUCCESS) {
     {
       std::lock_guard<std::mutex> lock(g_mu);
@@ -765,24 +768,31 @@ class Enqueuer {
     return e;
   }
   // Sends the command with a seq whose reply (read data) lands in dst.
-  uint64_t Begin(void* dst, size_t size, bool blocking, int pass_fd = -1, void* shm = nullptr) {
+  uint64_t Begin(void* dst, size_t size, bool blocking, ShmBuffer shm = {}) {
     std::function<void(cl_int)> none;
     if (!blocking) none = [](cl_int) {};
-    uint64_t seq = c_->Begin(b_, dst, size, std::move(none), pass_fd, shm);
+    uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm);
     MakeEvent();
     return seq;
+  }
+
+  // Sends a command that consumes bulk data: with a shared buffer it asks for an answer (when
+  // the command has run) and returns the buffer to the pool then; otherwise Post().
+  cl_int PostReleasing(ShmBuffer held) {
+    if (!held.valid()) return Post();
+    Connection* c = c_;
+    c_->Begin(b_, nullptr, 0, [c, held](cl_int) { c->ReleaseShm(held); });
+    MakeEvent();
+    return CL_SUCCESS;
   }
 
   // A plain read of `size` bytes into dst, through shared memory when that pays.
   uint64_t BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking) {
     if (c_->UseShm(size)) {
-      void* map = nullptr;
-      int fd = Connection::CreateSharedBuffer(size, &map);
-      if (fd >= 0) {
+      ShmBuffer buf = c_->AcquireShm(size);
+      if (buf.valid()) {
         r.setShm(true);
-        uint64_t seq = Begin(dst, size, blocking, fd, map);
-        ::close(fd);
-        return seq;
+        return Begin(dst, size, blocking, buf);
       }
     }
     return Begin(dst, size, blocking);
@@ -830,14 +840,15 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool, siz
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
   // The data is copied out now, so a blocking write returns as soon as it is sent.
-  uint64_t token = enq.conn()->SendBulk(ptr, size);
+  ShmBuffer held;
+  uint64_t token = enq.conn()->SendBulk(ptr, size, &held);
   if (token == 0) return CL_OUT_OF_RESOURCES;
   auto w = enq.cmd().initWriteBuffer();
   w.setMem(m->id);
   w.setOffset(offset);
   w.setSize(size);
   w.setBulk(token);
-  return enq.Post();
+  return enq.PostReleasing(held);
 }
 
 cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool blocking, size_t offset,
@@ -866,7 +877,8 @@ cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER_RECT);
   if (enq.err() != CL_SUCCESS) return enq.err();
   size_t host_bytes = HostRectBytes(ho, region, hrp, hsp);
-  uint64_t token = enq.conn()->SendBulk(ptr, host_bytes);
+  ShmBuffer held;
+  uint64_t token = enq.conn()->SendBulk(ptr, host_bytes, &held);
   if (token == 0) return CL_OUT_OF_RESOURCES;
   auto w = enq.cmd().initWriteBuffer();
   w.setMem(m->id);
@@ -880,7 +892,7 @@ cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
   r.setBufferSlicePitch(bsp);
   r.setHostRowPitch(hrp);
   r.setHostSlicePitch(hsp);
-  return enq.Post();
+  return enq.PostReleasing(held);
 }
 
 cl_int CL_API_CALL EnqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool blocking,
@@ -1117,7 +1129,8 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
     Enqueuer enq(q, nwait, waits, event, CL_COMMAND_UNMAP_MEM_OBJECT);
     e = enq.err();
     if (e == CL_SUCCESS) {
-      uint64_t token = enq.conn()->SendBulk(map.ptr, map.size);
+      ShmBuffer held;
+      uint64_t token = enq.conn()->SendBulk(map.ptr, map.size, &held);
       if (token == 0) {
         e = CL_OUT_OF_RESOURCES;
       } else {
@@ -1126,7 +1139,7 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
         w.setOffset(map.offset);
         w.setSize(map.size);
         w.setBulk(token);
-        e = enq.Post();
+        e = enq.PostReleasing(held);
       }
     }
   } else {

@@ -178,7 +178,7 @@ cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
 }
 
 uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
-                           std::function<void(cl_int)> on_reply, int pass_fd, void* shm) {
+                           std::function<void(cl_int)> on_reply, ShmBuffer shm) {
   uint64_t seq = next_seq_.fetch_add(1);
   request.getRoot<wire::Request>().setSeq(seq);
   {
@@ -189,15 +189,15 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     p.on_reply = std::move(on_reply);
     p.shm = shm;
   }
-  cl_int err = SendLocked(request, /*may_batch=*/false, pass_fd);
+  cl_int err = SendLocked(request, /*may_batch=*/false, shm.fd);
   if (err != CL_SUCCESS) {
     std::function<void(cl_int)> cb;
     {
       std::lock_guard<std::mutex> lock(mu_);
       Pending& p = pending_[seq];
-      if (p.shm != nullptr) {
-        ::munmap(p.shm, p.size);
-        p.shm = nullptr;
+      if (p.shm.valid()) {
+        ReleaseShm(p.shm);
+        p.shm = {};
       }
       p.done = true;
       p.status = err;
@@ -234,40 +234,75 @@ cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<prot
   return p.status;
 }
 
-int Connection::CreateSharedBuffer(size_t size, void** map) {
+ShmBuffer Connection::AcquireShm(size_t size) {
+  {
+    std::lock_guard<std::mutex> lock(shm_mu_);
+    size_t best = shm_pool_.size();
+    for (size_t i = 0; i < shm_pool_.size(); ++i) {
+      if (shm_pool_[i].capacity >= size &&
+          (best == shm_pool_.size() || shm_pool_[i].capacity < shm_pool_[best].capacity)) {
+        best = i;
+      }
+    }
+    if (best < shm_pool_.size()) {
+      ShmBuffer b = shm_pool_[best];
+      shm_pool_.erase(shm_pool_.begin() + static_cast<ptrdiff_t>(best));
+      return b;
+    }
+  }
+  // Round up to a power of two so buffers are reused across nearby sizes.
+  size_t cap = kShmMinBytes;
+  while (cap < size) cap *= 2;
   int fd = ::memfd_create("gmux-bulk", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return -1;
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+  if (fd < 0) return {};
+  if (::ftruncate(fd, static_cast<off_t>(cap)) != 0 ||
       ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
     ::close(fd);
-    return -1;
+    return {};
   }
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     ::close(fd);
-    return -1;
+    return {};
   }
-  *map = p;
-  return fd;
+  return {fd, p, cap};
 }
 
-uint64_t Connection::SendBulk(const void* data, size_t size) {
+void Connection::ReleaseShm(ShmBuffer buffer) {
+  if (!buffer.valid()) return;
+  {
+    std::lock_guard<std::mutex> lock(shm_mu_);
+    size_t pooled = 0;
+    for (const auto& b : shm_pool_) pooled += b.capacity;
+    if (pooled + buffer.capacity <= kShmPoolBytes) {
+      shm_pool_.push_back(buffer);
+      return;
+    }
+  }
+  ::munmap(buffer.map, buffer.capacity);
+  ::close(buffer.fd);
+}
+
+uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
   uint64_t token = NextId();
+  *held = {};
   if (UseShm(size)) {
-    void* map = nullptr;
-    int fd = CreateSharedBuffer(size, &map);
-    if (fd >= 0) {
-      std::memcpy(map, data, size);
-      ::munmap(map, size);
+    ShmBuffer buf = AcquireShm(size);
+    if (buf.valid()) {
+      std::memcpy(buf.map, data, size);
       capnp::MallocMessageBuilder b;
       auto bb = b.initRoot<wire::Request>().initBulkBegin();
       bb.setToken(token);
       bb.setSize(size);
       bb.setShm(true);
       b.getRoot<wire::Request>().setSeq(0);
-      cl_int err = SendLocked(b, /*may_batch=*/false, fd);
-      ::close(fd);
-      return err == CL_SUCCESS ? token : 0;
+      cl_int err = SendLocked(b, /*may_batch=*/false, buf.fd);
+      if (err != CL_SUCCESS) {
+        ReleaseShm(buf);
+        return 0;
+      }
+      *held = buf;
+      return token;
     }
     // No memfd (old kernel, limits): fall back to inline data.
   }
@@ -338,10 +373,10 @@ void Connection::ReceiveLoop() {
       } else {
         p.status = rep.getStatus();
         p.message = rep.getMessage();
-        if (p.shm != nullptr) {
-          if (p.status == CL_SUCCESS && p.dst != nullptr) std::memcpy(p.dst, p.shm, p.size);
-          ::munmap(p.shm, p.size);
-          p.shm = nullptr;
+        if (p.shm.valid()) {
+          if (p.status == CL_SUCCESS && p.dst != nullptr) std::memcpy(p.dst, p.shm.map, p.size);
+          ReleaseShm(p.shm);
+          p.shm = {};
         }
       }
       if (!complete) return;

@@ -34,6 +34,14 @@ struct DeviceDesc {
   cl_device_type type = 0;
 };
 
+// A sealed memfd mapped read-write, for one transfer at a time (pooled by the Connection).
+struct ShmBuffer {
+  int fd = -1;
+  void* map = nullptr;
+  size_t capacity = 0;
+  bool valid() const { return fd >= 0; }
+};
+
 class Connection {
  public:
   // The process's connection, or nullptr when no daemon could be reached (retried on each call
@@ -57,21 +65,24 @@ class Connection {
 
   // Starts a request whose reply is waited for later (Wait) or handed to `on_reply` on the
   // receiver's callback thread. For reads, `dst`/`size` receive the data.
-  // With `shm` (a SharedBuffer's mapping, taken over), the reply is a plain status and the data
-  // is copied from the mapping to `dst` when it arrives; `pass_fd` goes with the request.
+  // With `shm` (taken over), the reply is a plain status, the data is copied from the buffer to
+  // `dst` when it arrives, and the buffer goes back to the pool; its descriptor goes with the
+  // request.
   uint64_t Begin(capnp::MallocMessageBuilder& request, void* dst = nullptr, size_t size = 0,
-                 std::function<void(cl_int)> on_reply = nullptr, int pass_fd = -1,
-                 void* shm = nullptr);
+                 std::function<void(cl_int)> on_reply = nullptr, ShmBuffer shm = {});
   cl_int Wait(uint64_t seq);
 
   // Sends `size` bytes as bulk data under a new token and returns the token (0 on failure).
-  // Large transfers go through a sealed memfd passed over the socket (one copy instead of four).
-  uint64_t SendBulk(const void* data, size_t size);
+  // Large transfers go through a pooled memfd passed over the socket; `*held` then receives the
+  // buffer, which the daemon may read until the request consuming the token is answered: the
+  // caller gives it back with ReleaseShm() then.
+  uint64_t SendBulk(const void* data, size_t size, ShmBuffer* held);
 
   // Whether a transfer of `size` bytes should use shared memory.
   bool UseShm(size_t size) const { return shm_enabled_ && size >= kShmMinBytes; }
-  // A sealed memfd of `size` bytes mapped read-write: fd and mapping (fd -1 on failure).
-  static int CreateSharedBuffer(size_t size, void** map);
+  // A pooled buffer of at least `size` bytes (invalid on failure); ReleaseShm returns it.
+  ShmBuffer AcquireShm(size_t size);
+  void ReleaseShm(ShmBuffer buffer);
 
   static constexpr size_t kShmMinBytes = 1u << 20;
 
@@ -93,8 +104,11 @@ class Connection {
     uint8_t* dst = nullptr;
     size_t size = 0;
     std::function<void(cl_int)> on_reply;
-    void* shm = nullptr;  // a mapping to copy from (into dst) and unmap when the reply comes
+    ShmBuffer shm;  // a buffer to copy from (into dst) and release when the reply comes
   };
+  static constexpr size_t kShmPoolBytes = 512u << 20;  // pooled shared memory kept for reuse
+  std::mutex shm_mu_;                                   // guards shm_pool_ (after mu_)
+  std::vector<ShmBuffer> shm_pool_;
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
