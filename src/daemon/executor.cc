@@ -20,8 +20,54 @@ void Executor::Stop() {
   thread_.join();
 }
 
-void Executor::Run(std::shared_ptr<Command> cmd) {
-  mailbox_.Post([this, c = std::move(cmd)]() mutable { Enqueue(std::move(c)); });
+void Executor::Run(std::vector<std::shared_ptr<Command>> cmds) {
+  mailbox_.Post([this, cs = std::move(cmds)]() mutable {
+    for (auto& c : cs) Enqueue(std::move(c));
+    // Flush so the device starts (some backends only launch on flush), once per batch and queue.
+    for (const auto& q : unflushed_) Dispatch(q->h).clFlush(q->h);
+    unflushed_.clear();
+    // One completion callback per batch, on its last command: when it fires, the earlier ones
+    // have usually finished too and are collected without a wake-up each (see OnDone).
+    for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) {
+      if (!(*it)->done) {
+        if (!(*it)->watched) Watch(**it);
+        break;
+      }
+    }
+    Deliver();
+  });
+}
+
+void Executor::Watch(Entry& e) {
+  e.watched = true;
+  cl_event ev = e.ev->h;
+  if (Dispatch(ev).clSetEventCallback(ev, CL_COMPLETE, &Executor::OnEvent, &e) != CL_SUCCESS) {
+    Dispatch(ev).clWaitForEvents(1, &ev);
+    cl_int st = CL_COMPLETE;
+    Dispatch(ev).clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, nullptr);
+    e.status = st;
+    e.done = true;
+  }
+}
+
+void Executor::OnDone(Entry* e, cl_int status) {
+  e->status = status;
+  e->done = true;
+  // Collect the earlier commands that finished meanwhile; watch those still running.
+  for (auto& x : inflight_) {
+    if (x.get() == e) break;
+    if (x->done) continue;
+    cl_int st = CL_QUEUED;
+    Dispatch(x->ev->h).clGetEventInfo(x->ev->h, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st,
+                                      nullptr);
+    if (st <= CL_COMPLETE) {
+      x->status = st;
+      x->done = true;
+    } else if (!x->watched) {
+      Watch(*x);
+    }
+  }
+  Deliver();
 }
 
 void Executor::Loop() {
@@ -40,11 +86,7 @@ void Executor::Loop() {
 
 void CL_CALLBACK Executor::OnEvent(cl_event, cl_int status, void* user) {
   auto* e = static_cast<Entry*>(user);
-  e->self->mailbox_.Post([e, status] {
-    e->status = status;
-    e->done = true;
-    e->self->Deliver();
-  });
+  e->self->mailbox_.Post([e, status] { e->self->OnDone(e, status); });
 }
 
 void Executor::Enqueue(std::shared_ptr<Command> cmd) {
@@ -76,35 +118,21 @@ void Executor::Enqueue(std::shared_ptr<Command> cmd) {
     } else {
       entry->ev = Adopt(ev);
       cmd->event->SetBackend(entry->ev);
-      err = Dispatch(ev).clSetEventCallback(ev, CL_COMPLETE, &Executor::OnEvent, entry.get());
-      if (err != CL_SUCCESS) {
-        Dispatch(ev).clWaitForEvents(1, &ev);
-        cl_int st = CL_COMPLETE;
-        Dispatch(ev).clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st,
-                                    nullptr);
-        entry->status = st;
-        entry->done = true;
-      }
+      // Watched later: by Run() for the last command of its batch, or by OnDone().
     }
   }
   if (fail != CL_SUCCESS) {
     entry->status = fail;
     entry->done = true;
   }
-  // Flush so the device starts (some backends only launch on flush), once per batch: when more
-  // commands are already waiting, the last of them flushes every queue the batch used.
   if (!entry->done &&
       std::find(unflushed_.begin(), unflushed_.end(), cmd->queue) == unflushed_.end()) {
     unflushed_.push_back(cmd->queue);
   }
-  if (mailbox_.Empty()) {
-    for (const auto& q : unflushed_) Dispatch(q->h).clFlush(q->h);
-    unflushed_.clear();
-  }
-  Deliver();
 }
 
 void Executor::Deliver() {
+  std::vector<core::Completion> batch;
   while (!inflight_.empty() && inflight_.front()->done) {
     std::shared_ptr<Entry> e = std::move(inflight_.front());
     inflight_.pop_front();
@@ -128,8 +156,9 @@ void Executor::Deliver() {
     cl_int status = e->status >= 0 ? CL_COMPLETE : e->status;
     if (c.finished) c.finished(status);
     c.event->Complete(status);
-    on_complete_(device_, done);
+    batch.push_back(done);
   }
+  if (!batch.empty()) on_complete_(device_, std::move(batch));
 }
 
 }  // namespace gmux::daemon

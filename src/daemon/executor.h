@@ -21,7 +21,8 @@ namespace gmux::daemon {
 
 class Executor {
  public:
-  using OnComplete = std::function<void(uint32_t device, const core::Completion&)>;
+  // Receives the completions of one delivery round, in dispatch order.
+  using OnComplete = std::function<void(uint32_t device, std::vector<core::Completion> done)>;
 
   Executor(uint32_t device, OnComplete on_complete);
   ~Executor();
@@ -30,8 +31,8 @@ class Executor {
   // Finishes what is in flight, then stops the thread.
   void Stop();
 
-  // Thread-safe.
-  void Run(std::shared_ptr<Command> cmd);
+  // Thread-safe. Commands run in the order given.
+  void Run(std::vector<std::shared_ptr<Command>> cmds);
 
  private:
   struct Entry {
@@ -39,12 +40,15 @@ class Executor {
     Ref<cl_event> ev;
     cl_int status = CL_QUEUED;
     bool done = false;
+    bool watched = false;  // a completion callback is registered
     Executor* self = nullptr;
   };
   static void CL_CALLBACK OnEvent(cl_event ev, cl_int status, void* user);
 
   void Loop();
   void Enqueue(std::shared_ptr<Command> cmd);
+  void Watch(Entry& e);
+  void OnDone(Entry* e, cl_int status);
   void Deliver();
 
   const uint32_t device_;

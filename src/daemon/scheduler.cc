@@ -14,8 +14,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const core::PolicySpec& spe
     GMUX_ASSIGN_OR_RETURN(s->devices_[i].policy, core::MakePolicy(per));
     Scheduler* self = s.get();
     s->devices_[i].executor = std::make_unique<Executor>(
-        static_cast<uint32_t>(i), [self](uint32_t device, const core::Completion& done) {
-          self->mailbox_.Post([self, device, done] { self->OnComplete(device, done); });
+        static_cast<uint32_t>(i), [self](uint32_t device, std::vector<core::Completion> done) {
+          self->mailbox_.Post([self, device, d = std::move(done)] { self->OnComplete(device, d); });
         });
   }
   return s;
@@ -79,19 +79,30 @@ void Scheduler::RemoveTenant(TenantId tenant) {
 }
 
 void Scheduler::Submit(std::shared_ptr<Command> cmd) {
-  outstanding_.fetch_add(1);
-  mailbox_.Post([this, c = std::move(cmd)] {
-    if (tenants_.count(c->tenant) == 0 || c->device >= devices_.size()) {
-      c->event->Complete(CL_INVALID_OPERATION);
-      if (c->finished) c->finished(CL_INVALID_OPERATION);
-      outstanding_.fetch_sub(1);
-      return;
-    }
-    c->event->staged = true;
-    staging_[c->tenant].push_back(c);
+  std::vector<std::shared_ptr<Command>> one;
+  one.push_back(std::move(cmd));
+  Submit(std::move(one));
+}
+
+void Scheduler::Submit(std::vector<std::shared_ptr<Command>> cmds) {
+  if (cmds.empty()) return;
+  outstanding_.fetch_add(cmds.size());
+  mailbox_.Post([this, cs = std::move(cmds)]() mutable {
+    for (auto& c : cs) Accept(std::move(c));
     Release();
     Pump();
   });
+}
+
+void Scheduler::Accept(std::shared_ptr<Command> c) {
+  if (tenants_.count(c->tenant) == 0 || c->device >= devices_.size()) {
+    c->event->Complete(CL_INVALID_OPERATION);
+    if (c->finished) c->finished(CL_INVALID_OPERATION);
+    outstanding_.fetch_sub(1);
+    return;
+  }
+  c->event->staged = true;
+  staging_[c->tenant].push_back(std::move(c));
 }
 
 void Scheduler::Rescan() {
@@ -146,6 +157,7 @@ void Scheduler::Release() {
 void Scheduler::Pump() {
   bool dispatched_any = false;
   for (auto& d : devices_) {
+    std::vector<std::shared_ptr<Command>> batch;
     while (d.inflight < inflight_limit_) {
       auto pick = d.policy->Pick(Now());
       if (!pick) break;
@@ -155,19 +167,22 @@ void Scheduler::Pump() {
       d.queued.erase(it);
       c->event->dispatched = true;
       ++d.inflight;
-      d.executor->Run(std::move(c));
+      batch.push_back(std::move(c));
       dispatched_any = true;
     }
+    if (!batch.empty()) d.executor->Run(std::move(batch));
   }
   // A dispatch can unblock another device's staged command.
   if (dispatched_any && devices_.size() > 1) Release();
 }
 
-void Scheduler::OnComplete(uint32_t device, const core::Completion& done) {
+void Scheduler::OnComplete(uint32_t device, const std::vector<core::Completion>& done) {
   DeviceState& d = devices_[device];
-  if (d.inflight > 0) --d.inflight;
-  if (tenants_.count(done.tenant) != 0) d.policy->Complete(done, Now());
-  outstanding_.fetch_sub(1);
+  for (const auto& c : done) {
+    if (d.inflight > 0) --d.inflight;
+    if (tenants_.count(c.tenant) != 0) d.policy->Complete(c, Now());
+    outstanding_.fetch_sub(1);
+  }
   Release();
   Pump();
 }

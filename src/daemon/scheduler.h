@@ -41,6 +41,7 @@ class Scheduler {
   void AddTenant(TenantId tenant, double weight);
   void RemoveTenant(TenantId tenant);  // drops its staged and queued commands
   void Submit(std::shared_ptr<Command> cmd);
+  void Submit(std::vector<std::shared_ptr<Command>> cmds);  // in order, one hand-over
   void Rescan();  // a user event was set: staged commands may now be released
 
   // Commands submitted and not yet completed (all tenants).
@@ -60,7 +61,8 @@ class Scheduler {
   void Release();        // staging -> policies
   void Pump();           // policies -> executors
   bool Blocked(const Command& c) const;
-  void OnComplete(uint32_t device, const core::Completion& done);
+  void OnComplete(uint32_t device, const std::vector<core::Completion>& done);
+  void Accept(std::shared_ptr<Command> c);
 
   uint32_t inflight_limit_ = 4;
   Mailbox mailbox_;

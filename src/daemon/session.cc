@@ -3,6 +3,7 @@
 #include <kj/exception.h>
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -206,6 +207,11 @@ Status Session::Serve() {
   for (;;) {
     if (passed_fd_ >= 0) ::close(passed_fd_);  // a descriptor no request took
     passed_fd_ = -1;
+    int waiting = 0;
+    if (!to_submit_.empty() && (::ioctl(core_->fd, FIONREAD, &waiting) != 0 || waiting == 0 ||
+                                to_submit_.size() >= 256)) {
+      SubmitPending();
+    }
     auto msg = proto::ReadFrame(core_->fd, proto::FrameKind::kRequest, core_->limits, nullptr,
                                 &passed_fd_);
     if (!msg.ok()) return msg.status();
@@ -221,6 +227,8 @@ Status Session::Serve() {
       // Decoding validated the message, so this is a limit hit while reading it.
       return DataLoss(std::string("malformed request: ") + e->getDescription().cStr());
     }
+    // A request that waits for an answer may wait on these commands: hand them over first.
+    if (seq != 0) SubmitPending();
     if (replied) continue;
     if (seq != 0) {
       auto r = reply.getRoot<wire::Reply>();
@@ -726,9 +734,9 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
 }
 
 void Session::Track(QueueObj& q, const std::shared_ptr<EventRecord>& ev) {
-  if (q.outstanding.size() > 64) {
-    std::erase_if(q.outstanding, [](const auto& e) { return e->done(); });
-  }
+  // Commands of a queue finish roughly in order: dropping finished ones from the front keeps
+  // this O(1) amortized however many are in flight.
+  while (!q.outstanding.empty() && q.outstanding.front()->done()) q.outstanding.pop_front();
   q.outstanding.push_back(ev);
   if (q.in_order) q.last = ev;
 }
@@ -1039,7 +1047,9 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       // With an empty wait list both wait for every earlier command of the queue; commands the
       // daemon still holds (behind user events) must be ordered explicitly.
       if (r.getWaitList().size() == 0) {
-        for (const auto& e : q->outstanding) cmd->order_deps.push_back(e);
+        for (const auto& e : q->outstanding) {
+          if (!e->done()) cmd->order_deps.push_back(e);
+        }
       }
       cmd->run = [barrier](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
         const cl_icd_dispatch& d = Dispatch(cq);
@@ -1058,8 +1068,13 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
 
   Track(*q, event);
   if (r.getKeepEvent()) events_[event_id] = event;
-  scheduler_.Submit(std::move(cmd));
+  to_submit_.push_back(std::move(cmd));
   return {};
+}
+
+void Session::SubmitPending() {
+  if (!to_submit_.empty()) scheduler_.Submit(std::move(to_submit_));
+  to_submit_.clear();
 }
 
 Session::Err Session::Finish(uint64_t seq, uint64_t queue, bool& replied) {

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,7 +95,7 @@ class Session {
     bool in_order = true;
     std::shared_ptr<EventRecord> last;     // in-order: the previous command
     std::shared_ptr<EventRecord> barrier;  // out-of-order: the latest barrier
-    std::vector<std::shared_ptr<EventRecord>> outstanding;
+    std::deque<std::shared_ptr<EventRecord>> outstanding;  // not known to be done
   };
   struct MemObj {
     Ref<cl_mem> mem;
@@ -144,6 +145,10 @@ class Session {
   std::unordered_map<uint64_t, KernelObj> kernels_;
   std::unordered_map<uint64_t, std::shared_ptr<EventRecord>> events_;
   std::unordered_map<uint64_t, std::shared_ptr<Bulk>> bulk_;
+  // Commands decoded but not yet handed to the scheduler: while more requests are already
+  // waiting in the socket, commands are handed over together (one hand-over per batch).
+  std::vector<std::shared_ptr<Command>> to_submit_;
+  void SubmitPending();
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
   // The client reuses its shared buffers, so their mappings are kept (by inode), at most
   // kMaxShmMaps of them, oldest dropped first.
