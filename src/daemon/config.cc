@@ -4,7 +4,7 @@
 #include <iterator>
 #include <set>
 
-#include "sim/toml_util.h"
+#include "common/toml_doc.h"
 
 namespace gmux::daemon {
 
@@ -51,7 +51,7 @@ Result<TenantConfig> DaemonOptions::TenantForUid(uint32_t uid) const {
 }
 
 Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string& path) {
-  GMUX_ASSIGN_OR_RETURN(sim::ScenarioDoc doc, sim::ScenarioDoc::Parse(text, path));
+  GMUX_ASSIGN_OR_RETURN(TomlDoc doc, TomlDoc::Parse(text, path));
   DaemonOptions o;
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant"}));

@@ -43,7 +43,7 @@ namespace {
 
 using nlohmann::json;
 
-Result<FrameWorkload> ParseWorkload(const ScenarioDoc& doc, const toml::table& t) {
+Result<FrameWorkload> ParseWorkload(const TomlDoc& doc, const toml::table& t) {
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(
       t, {"name", "weight", "cpu_ms", "gpu_ms", "cpu_jitter", "gpu_jitter", "scenes"}));
   FrameWorkload w;
@@ -70,7 +70,7 @@ Result<FrameWorkload> ParseWorkload(const ScenarioDoc& doc, const toml::table& t
 
 // Reads [controller] into `c` (keeping defaults for absent keys). Gains are checked with Eq. (8)
 // so an unstable configuration names its line.
-Status ParseController(const ScenarioDoc& doc, const toml::table* t,
+Status ParseController(const TomlDoc& doc, const toml::table* t,
                        core::FrameControllerOptions* c) {
   if (t == nullptr) return Status::Ok();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*t, {"kp", "ki", "gpu_history_frames", "min_fps", "max_fps"}));
@@ -167,7 +167,7 @@ Settling Settle(const std::vector<FramePoint>& trace, double start_s, double end
 
 }  // namespace
 
-Result<ScenarioOutput> RunFramesScenario(const ScenarioDoc& doc) {
+Result<ScenarioOutput> RunFramesScenario(const TomlDoc& doc) {
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(
       root, {"kind", "name", "description", "seed", "duration_s", "warmup_s", "control_period_s",

@@ -5,6 +5,6 @@
 
 namespace gmux::sim {
 
-Result<ScenarioOutput> RunFramesScenario(const ScenarioDoc& doc);
+Result<ScenarioOutput> RunFramesScenario(const TomlDoc& doc);
 
 }  // namespace gmux::sim

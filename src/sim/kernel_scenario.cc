@@ -97,7 +97,7 @@ std::string WeightsText(const std::vector<TenantDef>& tenants) {
   return s.str();
 }
 
-Status ParseWorkload(const ScenarioDoc& doc, const std::string& name, const toml::table& t,
+Status ParseWorkload(const TomlDoc& doc, const std::string& name, const toml::table& t,
                      WorkloadDef* out) {
   GMUX_ASSIGN_OR_RETURN(std::string type,
                         doc.Choice(t, "type", std::nullopt,
@@ -202,7 +202,7 @@ const toml::table& Owner(const toml::table& exp, const toml::table& root, std::s
   return exp.contains(key) ? exp : root;
 }
 
-Result<const WorkloadDef*> LookupWorkload(const ScenarioDoc& doc, const Scenario& sc,
+Result<const WorkloadDef*> LookupWorkload(const TomlDoc& doc, const Scenario& sc,
                                           const toml::table& t, std::string_view key,
                                           const std::string& name) {
   auto it = sc.workloads.find(name);
@@ -216,7 +216,7 @@ Result<const WorkloadDef*> LookupWorkload(const ScenarioDoc& doc, const Scenario
   return &it->second;
 }
 
-Status ParseExperiment(const ScenarioDoc& doc, Scenario& sc, const toml::table& exp, size_t index) {
+Status ParseExperiment(const TomlDoc& doc, Scenario& sc, const toml::table& exp, size_t index) {
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(exp, {"name", "tenants", "workloads", "weights", "mix",
                                           "tenant", "tenant_prefix", "policies", "duration_s",
@@ -358,7 +358,7 @@ Status ParseExperiment(const ScenarioDoc& doc, Scenario& sc, const toml::table& 
   return Status::Ok();
 }
 
-Result<Scenario> Parse(const ScenarioDoc& doc) {
+Result<Scenario> Parse(const TomlDoc& doc) {
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(
       root, {"kind", "name", "description", "seed", "policies", "duration_s", "repetitions",
@@ -480,7 +480,7 @@ double MeanLambda(const std::vector<double>& weights, const std::vector<std::vec
   return n == 0 ? 0 : sum / static_cast<double>(n);
 }
 
-Result<RunResult> RunOne(const ScenarioDoc& doc, const Scenario& sc, const Variant& v,
+Result<RunResult> RunOne(const TomlDoc& doc, const Scenario& sc, const Variant& v,
                          const std::string& policy_name) {
   RunResult rr;
   rr.policy = policy_name;
@@ -677,7 +677,7 @@ std::string SharesText(const RunResult& r) {
 
 }  // namespace
 
-Result<ScenarioOutput> RunKernelScenario(const ScenarioDoc& doc) {
+Result<ScenarioOutput> RunKernelScenario(const TomlDoc& doc) {
   GMUX_ASSIGN_OR_RETURN(Scenario sc, Parse(doc));
   const int metric = MetricIndex(sc.lambda_metric);
 

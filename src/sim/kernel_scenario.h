@@ -5,6 +5,6 @@
 
 namespace gmux::sim {
 
-Result<ScenarioOutput> RunKernelScenario(const ScenarioDoc& doc);
+Result<ScenarioOutput> RunKernelScenario(const TomlDoc& doc);
 
 }  // namespace gmux::sim

@@ -38,7 +38,7 @@ struct PoolScenario {
 };
 
 // Reads `key` of `t` as an array of integers >= 1 (a single integer is a one-element array).
-Result<std::vector<uint32_t>> DeviceCounts(const ScenarioDoc& doc, const toml::table& t,
+Result<std::vector<uint32_t>> DeviceCounts(const TomlDoc& doc, const toml::table& t,
                                            std::string_view key) {
   GMUX_ASSIGN_OR_RETURN(std::vector<double> xs, doc.Numbers(t, key, std::vector<double>{1}));
   std::vector<uint32_t> out;
@@ -52,7 +52,7 @@ Result<std::vector<uint32_t>> DeviceCounts(const ScenarioDoc& doc, const toml::t
   return out;
 }
 
-Result<PoolScenario> Parse(const ScenarioDoc& doc) {
+Result<PoolScenario> Parse(const TomlDoc& doc) {
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(root, {"kind", "name", "description", "seed", "policies",
                                           "pool", "workload", "tenant"}));
@@ -145,7 +145,7 @@ std::string Percent(double fraction) { return Fixed(100.0 * fraction, 1) + " %";
 
 }  // namespace
 
-Result<ScenarioOutput> RunPoolScenario(const ScenarioDoc& doc) {
+Result<ScenarioOutput> RunPoolScenario(const TomlDoc& doc) {
   GMUX_ASSIGN_OR_RETURN(PoolScenario s, Parse(doc));
 
   ScenarioOutput out;

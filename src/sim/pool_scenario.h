@@ -5,6 +5,6 @@
 
 namespace gmux::sim {
 
-Result<ScenarioOutput> RunPoolScenario(const ScenarioDoc& doc);
+Result<ScenarioOutput> RunPoolScenario(const TomlDoc& doc);
 
 }  // namespace gmux::sim

@@ -7,7 +7,7 @@
 
 namespace gmux::sim {
 
-Result<ScenarioOutput> RunScenario(const ScenarioDoc& doc) {
+Result<ScenarioOutput> RunScenario(const TomlDoc& doc) {
   auto kind = doc.Choice(doc.root(), "kind", std::nullopt, {"kernel", "pool", "slots", "frames"});
   if (!kind.ok()) return kind.status();
   if (*kind == "kernel") return RunKernelScenario(doc);
@@ -17,7 +17,7 @@ Result<ScenarioOutput> RunScenario(const ScenarioDoc& doc) {
 }
 
 Result<ScenarioOutput> RunScenarioFile(const std::string& path) {
-  auto doc = ScenarioDoc::Load(path);
+  auto doc = TomlDoc::Load(path);
   if (!doc.ok()) return doc.status();
   return RunScenario(*doc);
 }

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "sim/toml_util.h"
+#include "common/toml_doc.h"
 
 namespace gmux::sim {
 
@@ -41,7 +41,7 @@ struct ScenarioOutput {
 };
 
 // Runs the scenario in `doc`. Errors name the file, line and key.
-Result<ScenarioOutput> RunScenario(const ScenarioDoc& doc);
+Result<ScenarioOutput> RunScenario(const TomlDoc& doc);
 
 // Loads and runs a scenario file.
 Result<ScenarioOutput> RunScenarioFile(const std::string& path);

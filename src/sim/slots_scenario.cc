@@ -58,7 +58,7 @@ struct Scenario {
 
 Duration Ms(double ms) { return FromSeconds(ms * 1e-3); }
 
-Result<std::vector<int64_t>> NonNegativeIntegers(const ScenarioDoc& doc, const toml::table& t,
+Result<std::vector<int64_t>> NonNegativeIntegers(const TomlDoc& doc, const toml::table& t,
                                                  std::string_view key, int64_t max) {
   GMUX_ASSIGN_OR_RETURN(std::vector<double> xs, doc.Numbers(t, key, std::nullopt));
   std::vector<int64_t> out;
@@ -72,7 +72,7 @@ Result<std::vector<int64_t>> NonNegativeIntegers(const ScenarioDoc& doc, const t
   return out;
 }
 
-Status ParseAllocator(const ScenarioDoc& doc, const toml::table* t, core::SlotAllocatorOptions& a) {
+Status ParseAllocator(const TomlDoc& doc, const toml::table* t, core::SlotAllocatorOptions& a) {
   if (t == nullptr) return Status::Ok();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*t, {"idle_detection", "idle_threshold_s", "monitor_period_s",
                                          "utilization_window_s", "replacement_period_s",
@@ -94,7 +94,7 @@ Status ParseAllocator(const ScenarioDoc& doc, const toml::table* t, core::SlotAl
   return Status::Ok();
 }
 
-Result<Scenario> Parse(const ScenarioDoc& doc) {
+Result<Scenario> Parse(const TomlDoc& doc) {
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(root, {"kind", "name", "description", "seed", "duration_s",
                                            "window_s", "policies", "order", "repetitions",
@@ -265,7 +265,7 @@ Result<Cell> RunCell(const Scenario& sc, const SetSpec& set, core::SlotPolicy po
 
 }  // namespace
 
-Result<ScenarioOutput> RunSlotsScenario(const ScenarioDoc& doc) {
+Result<ScenarioOutput> RunSlotsScenario(const TomlDoc& doc) {
   GMUX_ASSIGN_OR_RETURN(Scenario sc, Parse(doc));
   ScenarioOutput out;
   out.json = {{"scenario", sc.name},

@@ -5,6 +5,6 @@
 
 namespace gmux::sim {
 
-Result<ScenarioOutput> RunSlotsScenario(const ScenarioDoc& doc);
+Result<ScenarioOutput> RunSlotsScenario(const TomlDoc& doc);
 
 }  // namespace gmux::sim

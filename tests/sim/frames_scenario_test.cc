@@ -34,7 +34,7 @@ gpu_jitter = 0.05
 )";
 
 Result<ScenarioOutput> RunText(const std::string& text, const std::string& path = "t.toml") {
-  auto doc = ScenarioDoc::Parse(text, path);
+  auto doc = TomlDoc::Parse(text, path);
   if (!doc.ok()) return doc.status();
   return RunScenario(*doc);
 }

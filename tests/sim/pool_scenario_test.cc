@@ -12,7 +12,7 @@ namespace {
 const std::string kScenarioFile = std::string(GMUX_SOURCE_DIR) + "/scenarios/biocloud-sharing.toml";
 
 Result<ScenarioOutput> RunText(const std::string& text, const std::string& path = "t.toml") {
-  auto doc = ScenarioDoc::Parse(text, path);
+  auto doc = TomlDoc::Parse(text, path);
   if (!doc.ok()) return doc.status();
   return RunPoolScenario(*doc);
 }
@@ -34,7 +34,7 @@ const nlohmann::json& FindRun(const ScenarioOutput& out, const std::string& poli
 class BioCloudScenarioTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto doc = ScenarioDoc::Load(kScenarioFile);
+    auto doc = TomlDoc::Load(kScenarioFile);
     ASSERT_TRUE(doc.ok()) << doc.status().ToString();
     auto out = RunPoolScenario(*doc);
     ASSERT_TRUE(out.ok()) << out.status().ToString();

@@ -11,7 +11,7 @@ namespace {
 const std::string kSource = GMUX_SOURCE_DIR;
 
 Result<ScenarioOutput> RunText(const std::string& text) {
-  auto doc = ScenarioDoc::Parse(text, "t.toml");
+  auto doc = TomlDoc::Parse(text, "t.toml");
   if (!doc.ok()) return doc.status();
   return RunScenario(*doc);
 }

@@ -1,8 +1,9 @@
-// ScenarioDoc: a parsed scenario (TOML) file plus typed getters whose errors name the file, the
-// line and the key, e.g. "scenarios/x.toml:12: key 'weight': expected a number > 0".
+// TomlDoc: a parsed TOML file (a scenario or gmuxd's config) plus typed getters whose errors
+// name the file, the line and the key, e.g. "scenarios/x.toml:12: key 'weight': expected a
+// number > 0".
 //
-// Every scenario runner reads its file through these helpers and rejects unknown keys, so a typo
-// in a scenario is an error, not a silent default.
+// Scenario runners and gmuxd's config loader read their files through these helpers and reject
+// unknown keys, so a typo in a file is an error, not a silent default.
 #pragma once
 
 #include <cstdint>
@@ -16,15 +17,15 @@
 
 #include "common/status.h"
 
-namespace gmux::sim {
+namespace gmux {
 
-class ScenarioDoc {
+class TomlDoc {
  public:
   // Reads and parses `path`. Errors: kNotFound (missing file), kInvalidArgument (syntax, with
   // line and column).
-  static Result<ScenarioDoc> Load(const std::string& path);
+  static Result<TomlDoc> Load(const std::string& path);
   // Parses `text` as if it were the file `path` (for tests and embedded scenarios).
-  static Result<ScenarioDoc> Parse(std::string_view text, const std::string& path);
+  static Result<TomlDoc> Parse(std::string_view text, const std::string& path);
 
   const toml::table& root() const { return root_; }
   const std::string& path() const { return path_; }
@@ -65,4 +66,4 @@ class ScenarioDoc {
   toml::table root_;
 };
 
-}  // namespace gmux::sim
+}  // namespace gmux

@@ -1,9 +1,9 @@
-#include "sim/toml_util.h"
+#include "common/toml_doc.h"
 
 #include <fstream>
 #include <sstream>
 
-namespace gmux::sim {
+namespace gmux {
 namespace {
 
 std::string Join(std::initializer_list<std::string_view> xs) {
@@ -17,7 +17,7 @@ std::string Join(std::initializer_list<std::string_view> xs) {
 
 }  // namespace
 
-Result<ScenarioDoc> ScenarioDoc::Load(const std::string& path) {
+Result<TomlDoc> TomlDoc::Load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return NotFound("cannot open scenario file '" + path + "'");
   std::stringstream buf;
@@ -25,8 +25,8 @@ Result<ScenarioDoc> ScenarioDoc::Load(const std::string& path) {
   return Parse(buf.str(), path);
 }
 
-Result<ScenarioDoc> ScenarioDoc::Parse(std::string_view text, const std::string& path) {
-  ScenarioDoc doc;
+Result<TomlDoc> TomlDoc::Parse(std::string_view text, const std::string& path) {
+  TomlDoc doc;
   doc.path_ = path;
   try {
     doc.root_ = toml::parse(text, path);
@@ -39,7 +39,7 @@ Result<ScenarioDoc> ScenarioDoc::Parse(std::string_view text, const std::string&
   return doc;
 }
 
-Status ScenarioDoc::Error(const toml::node* node, std::string_view key,
+Status TomlDoc::Error(const toml::node* node, std::string_view key,
                           std::string_view message) const {
   std::ostringstream m;
   m << path_;
@@ -48,7 +48,7 @@ Status ScenarioDoc::Error(const toml::node* node, std::string_view key,
   return InvalidArgument(m.str());
 }
 
-Result<double> ScenarioDoc::Number(const toml::table& t, std::string_view key,
+Result<double> TomlDoc::Number(const toml::table& t, std::string_view key,
                                    std::optional<double> fallback, double min, double max) const {
   const toml::node* n = t.get(key);
   if (n == nullptr) {
@@ -65,7 +65,7 @@ Result<double> ScenarioDoc::Number(const toml::table& t, std::string_view key,
   return *v;
 }
 
-Result<int64_t> ScenarioDoc::Integer(const toml::table& t, std::string_view key,
+Result<int64_t> TomlDoc::Integer(const toml::table& t, std::string_view key,
                                      std::optional<int64_t> fallback, int64_t min,
                                      int64_t max) const {
   const toml::node* n = t.get(key);
@@ -83,7 +83,7 @@ Result<int64_t> ScenarioDoc::Integer(const toml::table& t, std::string_view key,
   return v;
 }
 
-Result<bool> ScenarioDoc::Bool(const toml::table& t, std::string_view key,
+Result<bool> TomlDoc::Bool(const toml::table& t, std::string_view key,
                                std::optional<bool> fallback) const {
   const toml::node* n = t.get(key);
   if (n == nullptr) {
@@ -94,7 +94,7 @@ Result<bool> ScenarioDoc::Bool(const toml::table& t, std::string_view key,
   return *n->value<bool>();
 }
 
-Result<std::string> ScenarioDoc::String(const toml::table& t, std::string_view key,
+Result<std::string> TomlDoc::String(const toml::table& t, std::string_view key,
                                         std::optional<std::string> fallback) const {
   const toml::node* n = t.get(key);
   if (n == nullptr) {
@@ -105,7 +105,7 @@ Result<std::string> ScenarioDoc::String(const toml::table& t, std::string_view k
   return std::string(*n->value<std::string_view>());
 }
 
-Result<std::string> ScenarioDoc::Choice(const toml::table& t, std::string_view key,
+Result<std::string> TomlDoc::Choice(const toml::table& t, std::string_view key,
                                         std::optional<std::string> fallback,
                                         std::initializer_list<std::string_view> choices) const {
   auto s = String(t, key, std::move(fallback));
@@ -116,7 +116,7 @@ Result<std::string> ScenarioDoc::Choice(const toml::table& t, std::string_view k
   return Error(t.get(key), key, "'" + *s + "' is not one of: " + Join(choices));
 }
 
-Result<std::vector<std::string>> ScenarioDoc::Strings(
+Result<std::vector<std::string>> TomlDoc::Strings(
     const toml::table& t, std::string_view key,
     std::optional<std::vector<std::string>> fallback) const {
   const toml::node* n = t.get(key);
@@ -138,7 +138,7 @@ Result<std::vector<std::string>> ScenarioDoc::Strings(
   return out;
 }
 
-Result<std::vector<double>> ScenarioDoc::Numbers(const toml::table& t, std::string_view key,
+Result<std::vector<double>> TomlDoc::Numbers(const toml::table& t, std::string_view key,
                                                  std::optional<std::vector<double>> fallback) const {
   const toml::node* n = t.get(key);
   if (n == nullptr) {
@@ -161,7 +161,7 @@ Result<std::vector<double>> ScenarioDoc::Numbers(const toml::table& t, std::stri
   return out;
 }
 
-Result<const toml::table*> ScenarioDoc::Table(const toml::table& t, std::string_view key,
+Result<const toml::table*> TomlDoc::Table(const toml::table& t, std::string_view key,
                                               bool required) const {
   const toml::node* n = t.get(key);
   if (n == nullptr) {
@@ -173,7 +173,7 @@ Result<const toml::table*> ScenarioDoc::Table(const toml::table& t, std::string_
   return sub;
 }
 
-Result<std::vector<const toml::table*>> ScenarioDoc::Tables(const toml::table& t,
+Result<std::vector<const toml::table*>> TomlDoc::Tables(const toml::table& t,
                                                             std::string_view key,
                                                             bool required) const {
   const toml::node* n = t.get(key);
@@ -192,7 +192,7 @@ Result<std::vector<const toml::table*>> ScenarioDoc::Tables(const toml::table& t
   return out;
 }
 
-Status ScenarioDoc::OnlyKeys(const toml::table& t,
+Status TomlDoc::OnlyKeys(const toml::table& t,
                              std::initializer_list<std::string_view> allowed) const {
   for (const auto& [k, v] : t) {
     bool ok = false;
@@ -204,4 +204,4 @@ Status ScenarioDoc::OnlyKeys(const toml::table& t,
   return Status::Ok();
 }
 
-}  // namespace gmux::sim
+}  // namespace gmux

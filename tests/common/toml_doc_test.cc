@@ -1,19 +1,19 @@
-#include "sim/toml_util.h"
+#include "common/toml_doc.h"
 
 #include <gtest/gtest.h>
 
-namespace gmux::sim {
+namespace gmux {
 namespace {
 
-TEST(ScenarioDocTest, SyntaxErrorNamesFileAndLine) {
-  auto doc = ScenarioDoc::Parse("a = 1\nb = = 2\n", "x.toml");
+TEST(TomlDocTest, SyntaxErrorNamesFileAndLine) {
+  auto doc = TomlDoc::Parse("a = 1\nb = = 2\n", "x.toml");
   ASSERT_FALSE(doc.ok());
   EXPECT_NE(doc.status().message().find("x.toml:2:"), std::string::npos)
       << doc.status().message();
 }
 
-TEST(ScenarioDocTest, WrongTypeNamesLineAndKey) {
-  auto doc = ScenarioDoc::Parse("name = 'n'\n\nweight = 'heavy'\n", "y.toml");
+TEST(TomlDocTest, WrongTypeNamesLineAndKey) {
+  auto doc = TomlDoc::Parse("name = 'n'\n\nweight = 'heavy'\n", "y.toml");
   ASSERT_TRUE(doc.ok());
   auto w = doc->Number(doc->root(), "weight", 1.0, 0.0, 100.0);
   ASSERT_FALSE(w.ok());
@@ -21,8 +21,8 @@ TEST(ScenarioDocTest, WrongTypeNamesLineAndKey) {
       << w.status().message();
 }
 
-TEST(ScenarioDocTest, RangeMissingAndUnknownKeys) {
-  auto doc = ScenarioDoc::Parse("weight = -1\nextra = 2\n", "z.toml");
+TEST(TomlDocTest, RangeMissingAndUnknownKeys) {
+  auto doc = TomlDoc::Parse("weight = -1\nextra = 2\n", "z.toml");
   ASSERT_TRUE(doc.ok());
   EXPECT_FALSE(doc->Number(doc->root(), "weight", 1.0, 0.0, 100.0).ok());
   EXPECT_FALSE(doc->Integer(doc->root(), "missing", std::nullopt).ok());
@@ -32,8 +32,8 @@ TEST(ScenarioDocTest, RangeMissingAndUnknownKeys) {
   EXPECT_NE(s.message().find("z.toml:2: key 'extra'"), std::string::npos) << s.message();
 }
 
-TEST(ScenarioDocTest, ChoiceListsAlternatives) {
-  auto doc = ScenarioDoc::Parse("policy = 'lottery'\n", "p.toml");
+TEST(TomlDocTest, ChoiceListsAlternatives) {
+  auto doc = TomlDoc::Parse("policy = 'lottery'\n", "p.toml");
   ASSERT_TRUE(doc.ok());
   auto c = doc->Choice(doc->root(), "policy", std::nullopt, {"fifo", "credit"});
   ASSERT_FALSE(c.ok());
@@ -41,4 +41,4 @@ TEST(ScenarioDocTest, ChoiceListsAlternatives) {
 }
 
 }  // namespace
-}  // namespace gmux::sim
+}  // namespace gmux
