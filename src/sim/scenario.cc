@@ -22,4 +22,10 @@ Result<ScenarioOutput> RunScenarioFile(const std::string& path) {
   return RunScenario(*doc);
 }
 
+Result<ScenarioOutput> RunScenarioText(std::string_view text, const std::string& path) {
+  auto doc = TomlDoc::Parse(text, path);
+  if (!doc.ok()) return doc.status();
+  return RunScenario(*doc);
+}
+
 }  // namespace gmux::sim

@@ -46,4 +46,7 @@ Result<ScenarioOutput> RunScenario(const TomlDoc& doc);
 // Loads and runs a scenario file.
 Result<ScenarioOutput> RunScenarioFile(const std::string& path);
 
+// Parses `text` as if it were the file `path` and runs it (tests, embedded scenarios).
+Result<ScenarioOutput> RunScenarioText(std::string_view text, const std::string& path);
+
 }  // namespace gmux::sim

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "sim/scenario.h"
+#include "sim/scenario_test_util.h"
 
 namespace gmux::sim {
 namespace {
@@ -52,12 +53,6 @@ name = "small"
 workload = "mm"
 )";
 
-Result<ScenarioOutput> RunText(const std::string& text, const std::string& path = "t.toml") {
-  auto doc = TomlDoc::Parse(text, path);
-  if (!doc.ok()) return doc.status();
-  return RunScenario(*doc);
-}
-
 std::string ErrorOf(const std::string& text) {
   auto out = RunText(text, "bad.toml");
   if (out.ok()) return "(no error)";
@@ -65,18 +60,7 @@ std::string ErrorOf(const std::string& text) {
 }
 
 TEST(KernelScenarioTest, SameSeedGivesIdenticalJson) {
-  auto a = RunText(kSmall);
-  auto b = RunText(kSmall);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(a->json.dump(), b->json.dump());
-  EXPECT_EQ(a->table, b->table);
-
-  std::string other = kSmall;
-  other.replace(other.find("seed = 5"), 8, "seed = 6");
-  auto c = RunText(other);
-  ASSERT_TRUE(c.ok());
-  EXPECT_NE(a->json.dump(), c->json.dump());
+  ExpectDeterministicInSeed(kSmall, "seed = 5", "seed = 6");
 }
 
 TEST(KernelScenarioTest, SweepsExpandAndParamsExcludeThePolicy) {

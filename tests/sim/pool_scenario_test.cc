@@ -5,17 +5,12 @@
 #include <string>
 
 #include "sim/pool_sim.h"
+#include "sim/scenario_test_util.h"
 
 namespace gmux::sim {
 namespace {
 
 const std::string kScenarioFile = std::string(GMUX_SOURCE_DIR) + "/scenarios/biocloud-sharing.toml";
-
-Result<ScenarioOutput> RunText(const std::string& text, const std::string& path = "t.toml") {
-  auto doc = TomlDoc::Parse(text, path);
-  if (!doc.ok()) return doc.status();
-  return RunPoolScenario(*doc);
-}
 
 // The run of `out` with the given policy and params; fails the test when there is none.
 const nlohmann::json& FindRun(const ScenarioOutput& out, const std::string& policy, double sleep_s,
@@ -138,17 +133,7 @@ TEST(PoolScenarioTest, SameFileSameOutputAndSeedMatters) {
   const std::string text =
       "kind = 'pool'\nseed = 7\n[pool]\ndevices = [1, 2]\n"
       "[workload]\ntenants = 3\nruns = 3\njob_s = 10\nsleep_s = [5]\njob_jitter_s = 2\n";
-  auto a = RunText(text);
-  auto b = RunText(text);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(a->json.dump(), b->json.dump());
-  EXPECT_EQ(a->table, b->table);
-  std::string other = text;
-  other.replace(other.find("seed = 7"), 8, "seed = 8");
-  auto c = RunText(other);
-  ASSERT_TRUE(c.ok());
-  EXPECT_NE(a->json["runs"][0]["makespan_s"], c->json["runs"][0]["makespan_s"]);
+  ExpectDeterministicInSeed(text, "seed = 7", "seed = 8");
 }
 
 TEST(PoolScenarioTest, BrokenFilesNameFileLineAndKey) {

@@ -3,18 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "sim/scenario.h"
+#include "sim/scenario_test_util.h"
 #include "sim/slots_sim.h"
 
 namespace gmux::sim {
 namespace {
 
 const std::string kSource = GMUX_SOURCE_DIR;
-
-Result<ScenarioOutput> RunText(const std::string& text) {
-  auto doc = TomlDoc::Parse(text, "t.toml");
-  if (!doc.ok()) return doc.status();
-  return RunScenario(*doc);
-}
 
 // A small valid scenario: two levels, one set, 20 simulated seconds.
 const char* kSmall = R"(kind = "slots"
@@ -99,17 +94,7 @@ TEST(SlotsSimTest, BadOptionsAreErrors) {
 // --- scenario files --------------------------------------------------------------------------
 
 TEST(SlotsScenarioTest, SameFileSameOutputByteForByte) {
-  auto a = RunText(kSmall);
-  auto b = RunText(kSmall);
-  ASSERT_TRUE(a.ok()) << a.status().ToString();
-  ASSERT_TRUE(b.ok());
-  EXPECT_EQ(a->json.dump(), b->json.dump());
-  EXPECT_EQ(a->table, b->table);
-  std::string other = kSmall;
-  other.replace(other.find("seed = 3"), 8, "seed = 4");
-  auto c = RunText(other);
-  ASSERT_TRUE(c.ok());
-  EXPECT_NE(a->json.dump(), c->json.dump()) << "the seed must matter";
+  ExpectDeterministicInSeed(kSmall, "seed = 3", "seed = 4");
 }
 
 TEST(SlotsScenarioTest, JsonHasTheCommonFieldsAndSlotCopies) {
