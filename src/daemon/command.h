@@ -8,6 +8,9 @@
 // A Command is one command block of a tenant: the closure that enqueues it on the backend queue
 // (run, on the executor thread) and the closure that delivers its results (finished, on the
 // executor thread, called in the device's dispatch order, before waiters of its event run).
+// A splittable kernel launch also carries run_chunk, which enqueues one chunk of it: the policy
+// may dispatch it as several chunks (ranges of its flattened work-items on work-group
+// boundaries, see Command::run_chunk), and the client still sees one event.
 #pragma once
 
 #include <atomic>
@@ -49,6 +52,23 @@ class EventRecord {
     std::lock_guard<std::mutex> lock(mu_);
     return backend_;
   }
+  // A split launch: the backend event of its first chunk (its QUEUED, SUBMITTED and START times
+  // are the launch's); backend() is then the last chunk's (END, COMPLETE).
+  void SetFirstBackend(Ref<cl_event> ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    first_backend_ = std::move(ev);
+    if (status_ == CL_QUEUED) status_ = CL_SUBMITTED;
+  }
+  // The backend event that answers the profiling query `param` for this (possibly split)
+  // command: the first chunk's for QUEUED/SUBMITTED/START, the last one's otherwise.
+  Ref<cl_event> ProfilingEvent(cl_profiling_info param) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_backend_ && param != CL_PROFILING_COMMAND_END &&
+        param != CL_PROFILING_COMMAND_COMPLETE) {
+      return first_backend_;
+    }
+    return backend_;
+  }
 
   // Sets the final status (CL_COMPLETE or negative) once and runs the waiters outside the lock.
   void Complete(cl_int status);
@@ -67,6 +87,7 @@ class EventRecord {
   mutable std::mutex mu_;
   cl_int status_;  // user events start as CL_SUBMITTED, commands as CL_QUEUED
   Ref<cl_event> backend_;
+  Ref<cl_event> first_backend_;  // split launches only
   std::vector<Waiter> waiters_;
 };
 
@@ -85,6 +106,15 @@ struct Command {
   std::function<cl_int(cl_command_queue q, const std::vector<cl_event>& waits, cl_event* out)> run;
   // Delivers results after the backend event completed (status CL_COMPLETE or negative).
   std::function<void(cl_int status)> finished;
+  // Splittable kernels only (block.splittable == kYes): enqueues the work-items `range` of the
+  // launch (a range of the flattened NDRange on work-group boundaries of the split dimension).
+  std::function<cl_int(cl_command_queue q, const std::vector<cl_event>& waits,
+                       const core::WorkRange& range, cl_event* out)>
+      run_chunk;
+
+  // Executor-thread state of a launch being run in chunks.
+  Ref<cl_event> last_chunk;             // each chunk waits for the previous one
+  cl_int chunk_status = CL_SUCCESS;     // first failure among its chunks
 };
 
 }  // namespace gmux::daemon

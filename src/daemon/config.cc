@@ -92,19 +92,55 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* s, doc.Table(root, "scheduler", false));
   if (s != nullptr) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*s, {"policy", "params"}));
-    GMUX_ASSIGN_OR_RETURN(o.policy, doc.String(*s, "policy", "fifo"));
-    GMUX_ASSIGN_OR_RETURN(const toml::table* p, doc.Table(*s, "params", false));
-    if (p != nullptr) {
-      for (const auto& [k, v] : *p) {
-        std::string key(k.str());
-        GMUX_ASSIGN_OR_RETURN(double x, doc.Number(*p, key, std::nullopt));
-        o.policy_params[key] = x;
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*s, {"policy", "params", "device"}));
+    // One policy choice: `policy` and `params` of table `t`, checked by building the policy so
+    // that a bad name or parameter is reported at its line.
+    auto choice = [&doc](const toml::table& t, const std::string& fallback,
+                         PolicyChoice& out) -> Status {
+      GMUX_ASSIGN_OR_RETURN(out.name, doc.String(t, "policy", fallback));
+      GMUX_ASSIGN_OR_RETURN(const toml::table* p, doc.Table(t, "params", false));
+      if (p != nullptr) {
+        for (const auto& [k, v] : *p) {
+          std::string key(k.str());
+          GMUX_ASSIGN_OR_RETURN(double x, doc.Number(*p, key, std::nullopt));
+          out.params[key] = x;
+        }
       }
+      core::PolicySpec spec{out.name, out.params, {}};
+      auto made = core::MakePolicy(spec);
+      if (!made.ok()) {
+        const bool param_error = p != nullptr && made.status().message().find("param") !=
+                                                     std::string::npos;
+        if (param_error) {
+          for (const auto& [k, v] : *p) {
+            if (made.status().message().find("'" + std::string(k.str()) + "'") !=
+                std::string::npos) {
+              return doc.Error(&v, "params." + std::string(k.str()), made.status().message());
+            }
+          }
+          return doc.Error(t.get("params"), "params", made.status().message());
+        }
+        return doc.Error(t.get("policy"), "policy", made.status().message());
+      }
+      return Status::Ok();
+    };
+    PolicyChoice main_choice;
+    GMUX_RETURN_IF_ERROR(choice(*s, "fifo", main_choice));
+    o.policy = main_choice.name;
+    o.policy_params = main_choice.params;
+    GMUX_ASSIGN_OR_RETURN(auto device_tables, doc.Tables(*s, "device", false));
+    for (const toml::table* dt : device_tables) {
+      GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*dt, {"index", "policy", "params"}));
+      GMUX_ASSIGN_OR_RETURN(int64_t index, doc.Integer(*dt, "index", std::nullopt, 0, 1023));
+      if (o.device_policies.count(static_cast<uint32_t>(index)) != 0) {
+        return doc.Error(dt->get("index"), "index", "device " + std::to_string(index) +
+                                                       " has two [[scheduler.device]] tables");
+      }
+      PolicyChoice c;
+      GMUX_RETURN_IF_ERROR(choice(*dt, o.policy, c));
+      if (dt->get("params") == nullptr && c.name == o.policy) c.params = o.policy_params;
+      o.device_policies[static_cast<uint32_t>(index)] = std::move(c);
     }
-    core::PolicySpec spec{o.policy, o.policy_params, {}};
-    auto made = core::MakePolicy(spec);
-    if (!made.ok()) return doc.Error(s->get("policy"), "policy", made.status().message());
   }
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* t, doc.Table(root, "tenants", false));
@@ -143,6 +179,16 @@ Result<DaemonOptions> LoadDaemonConfig(const std::string& path) {
   if (!in) return NotFound("cannot open config file '" + path + "'");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return ParseDaemonConfig(text, path);
+}
+
+}  // namespace gmux::daemon
+
+namespace gmux::daemon {
+
+std::map<uint32_t, core::PolicySpec> DevicePolicySpecs(const DaemonOptions& options) {
+  std::map<uint32_t, core::PolicySpec> out;
+  for (const auto& [index, c] : options.device_policies) out[index] = {c.name, c.params, {}};
+  return out;
 }
 
 }  // namespace gmux::daemon

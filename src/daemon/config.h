@@ -31,6 +31,12 @@ struct TenantConfig {
   std::vector<uint32_t> uids;  // local peers mapped to this tenant
 };
 
+// A scheduling policy by name with its numeric parameters ([scheduler] or [[scheduler.device]]).
+struct PolicyChoice {
+  std::string name = "fifo";
+  std::map<std::string, double> params;
+};
+
 struct DaemonOptions {
   std::string socket_path;                      // empty: DefaultSocketPath()
   uint32_t socket_mode = 0666;                  // permissions of the socket file
@@ -41,6 +47,8 @@ struct DaemonOptions {
   BackendOptions backend;
   std::string policy = "fifo";
   std::map<std::string, double> policy_params;
+  // Devices whose policy differs from `policy` ([[scheduler.device]] tables), by device index.
+  std::map<uint32_t, PolicyChoice> device_policies;
   UnknownPeers unknown_peers = UnknownPeers::kOwnTenant;
   std::string default_tenant = "default";
   std::vector<TenantConfig> tenants;
@@ -50,6 +58,9 @@ struct DaemonOptions {
   // unknown peers are rejected).
   Result<TenantConfig> TenantForUid(uint32_t uid) const;
 };
+
+// The per-device policy overrides as specs for Scheduler::Create (device facts left empty).
+std::map<uint32_t, core::PolicySpec> DevicePolicySpecs(const DaemonOptions& options);
 
 // The socket clients use when neither GMUX_SOCKET nor a config names one.
 std::string DefaultSocketPath();

@@ -20,9 +20,9 @@ void Executor::Stop() {
   thread_.join();
 }
 
-void Executor::Run(std::vector<std::shared_ptr<Command>> cmds) {
-  mailbox_.Post([this, cs = std::move(cmds)]() mutable {
-    for (auto& c : cs) Enqueue(std::move(c));
+void Executor::Run(std::vector<Job> jobs) {
+  mailbox_.Post([this, js = std::move(jobs)]() mutable {
+    for (auto& j : js) Enqueue(std::move(j));
     // Flush so the device starts (some backends only launch on flush), once per batch and queue.
     for (const auto& q : unflushed_) Dispatch(q->h).clFlush(q->h);
     unflushed_.clear();
@@ -89,41 +89,54 @@ void CL_CALLBACK Executor::OnEvent(cl_event, cl_int status, void* user) {
   e->self->mailbox_.Post([e, status] { e->self->OnDone(e, status); });
 }
 
-void Executor::Enqueue(std::shared_ptr<Command> cmd) {
+void Executor::Enqueue(Job job) {
   auto entry = std::make_shared<Entry>();
-  entry->cmd = cmd;
+  std::shared_ptr<Command> cmd = job.cmd;
+  const bool first = job.whole || job.range.begin == 0;
+  entry->job = std::move(job);
   entry->self = this;
   inflight_.push_back(entry);
+  const Job& j = entry->job;
 
   cl_int fail = CL_SUCCESS;
   std::vector<cl_event> waits;
   if (cmd->session && cmd->session->closed.load()) {
     fail = CL_INVALID_OPERATION;
   }
+  if (!j.whole && cmd->chunk_status != CL_SUCCESS) fail = cmd->chunk_status;  // an earlier chunk failed
   for (const auto& d : cmd->deps) {
     if (fail != CL_SUCCESS) break;
     cl_int st = d->status();
     if (st < 0) {
       fail = CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST;
-    } else if (!d->user()) {
+    } else if (!d->user() && first) {
       Ref<cl_event> b = d->backend();
       if (b) waits.push_back(b->h);
     }
   }
+  if (!j.whole && !first && cmd->last_chunk) waits.push_back(cmd->last_chunk->h);
   if (fail == CL_SUCCESS) {
     cl_event ev = nullptr;
-    cl_int err = cmd->run(cmd->queue->h, waits, &ev);
+    cl_int err = j.whole ? cmd->run(cmd->queue->h, waits, &ev)
+                         : cmd->run_chunk(cmd->queue->h, waits, j.range, &ev);
     if (err != CL_SUCCESS || ev == nullptr) {
       fail = err != CL_SUCCESS ? err : CL_OUT_OF_RESOURCES;
     } else {
       entry->ev = Adopt(ev);
-      cmd->event->SetBackend(entry->ev);
+      if (j.whole) {
+        cmd->event->SetBackend(entry->ev);
+      } else {
+        if (first) cmd->event->SetFirstBackend(entry->ev);
+        cmd->last_chunk = entry->ev;
+        if (j.last) cmd->event->SetBackend(entry->ev);
+      }
       // Watched later: by Run() for the last command of its batch, or by OnDone().
     }
   }
   if (fail != CL_SUCCESS) {
     entry->status = fail;
     entry->done = true;
+    if (!j.whole && cmd->chunk_status == CL_SUCCESS) cmd->chunk_status = fail;
   }
   if (!entry->done &&
       std::find(unflushed_.begin(), unflushed_.end(), cmd->queue) == unflushed_.end()) {
@@ -136,12 +149,12 @@ void Executor::Deliver() {
   while (!inflight_.empty() && inflight_.front()->done) {
     std::shared_ptr<Entry> e = std::move(inflight_.front());
     inflight_.pop_front();
-    Command& c = *e->cmd;
+    Command& c = *e->job.cmd;
     core::Completion done;
     done.tenant = c.tenant;
     done.block = c.block.id;
-    done.range = {0, c.block.work_items};
-    done.last = true;
+    done.range = e->job.range;
+    done.last = e->job.last;
     if (e->ev && e->status >= 0) {
       cl_ulong start = 0, end = 0;
       const auto& d = Dispatch(e->ev->h);
@@ -154,8 +167,17 @@ void Executor::Deliver() {
       }
     }
     cl_int status = e->status >= 0 ? CL_COMPLETE : e->status;
-    if (c.finished) c.finished(status);
-    c.event->Complete(status);
+    if (!e->job.whole) {
+      if (status < 0 && c.chunk_status == CL_SUCCESS) c.chunk_status = status;
+      if (e->job.last) {
+        status = c.chunk_status == CL_SUCCESS ? CL_COMPLETE : c.chunk_status;
+        c.last_chunk.reset();
+      }
+    }
+    if (e->job.last) {
+      if (c.finished) c.finished(status);
+      c.event->Complete(status);
+    }
     batch.push_back(done);
   }
   if (!batch.empty()) on_complete_(device_, std::move(batch));

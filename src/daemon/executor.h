@@ -5,6 +5,11 @@
 // the thread) it delivers results in dispatch order: Command::finished, then the event's
 // completion (its waiters), then the Completion to the scheduler with the device-measured
 // START->END time. Commands of closed sessions are not run.
+//
+// A Job may be one chunk of a split kernel launch: chunks of one launch run in order, each
+// waiting for the previous chunk's backend event (so the last chunk's completion means the whole
+// launch is done, on in-order and out-of-order queues alike). Only the last chunk delivers the
+// command's results and completes its event; every chunk reports its own Completion.
 #pragma once
 
 #include <atomic>
@@ -19,6 +24,14 @@
 
 namespace gmux::daemon {
 
+// One dispatch: a whole command, or the work-items `range` of a splittable launch.
+struct Job {
+  std::shared_ptr<Command> cmd;
+  core::WorkRange range;
+  bool last = true;   // finishes the command
+  bool whole = true;  // the range is the whole launch (run with Command::run)
+};
+
 class Executor {
  public:
   // Receives the completions of one delivery round, in dispatch order.
@@ -32,11 +45,11 @@ class Executor {
   void Stop();
 
   // Thread-safe. Commands run in the order given.
-  void Run(std::vector<std::shared_ptr<Command>> cmds);
+  void Run(std::vector<Job> jobs);
 
  private:
   struct Entry {
-    std::shared_ptr<Command> cmd;
+    Job job;
     Ref<cl_event> ev;
     cl_int status = CL_QUEUED;
     bool done = false;
@@ -46,7 +59,7 @@ class Executor {
   static void CL_CALLBACK OnEvent(cl_event ev, cl_int status, void* user);
 
   void Loop();
-  void Enqueue(std::shared_ptr<Command> cmd);
+  void Enqueue(Job job);
   void Watch(Entry& e);
   void OnDone(Entry* e, cl_int status);
   void Deliver();

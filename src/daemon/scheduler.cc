@@ -1,15 +1,23 @@
 #include "daemon/scheduler.h"
 
+#include <cassert>
+#include <future>
+
+#include <nlohmann/json.hpp>
+
+#include "core/split_policy.h"
+
 namespace gmux::daemon {
 
-Result<std::unique_ptr<Scheduler>> Scheduler::Create(const core::PolicySpec& spec,
-                                                     const std::vector<core::DeviceInfo>& devices,
-                                                     uint32_t inflight_per_device) {
+Result<std::unique_ptr<Scheduler>> Scheduler::Create(
+    const core::PolicySpec& spec, const std::vector<core::DeviceInfo>& devices,
+    uint32_t inflight_per_device, const std::map<uint32_t, core::PolicySpec>& per_device) {
   auto s = std::unique_ptr<Scheduler>(new Scheduler());
   s->inflight_limit_ = inflight_per_device;
   s->devices_.resize(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
-    core::PolicySpec per = spec;
+    auto o = per_device.find(static_cast<uint32_t>(i));
+    core::PolicySpec per = o != per_device.end() ? o->second : spec;
     per.device = devices[i];
     GMUX_ASSIGN_OR_RETURN(s->devices_[i].policy, core::MakePolicy(per));
     Scheduler* self = s.get();
@@ -42,11 +50,13 @@ TimePoint Scheduler::Now() const {
   return TimePoint(std::chrono::duration_cast<Duration>(std::chrono::steady_clock::now() - epoch_));
 }
 
-void Scheduler::AddTenant(TenantId tenant, double weight) {
-  mailbox_.Post([this, tenant, weight] {
+void Scheduler::AddTenant(TenantId tenant, double weight, const std::string& name) {
+  mailbox_.Post([this, tenant, weight, name] {
     if (tenants_.count(tenant) != 0) return;
-    tenants_[tenant] = true;
-    for (auto& d : devices_) d.policy->AddTenant({tenant, "", weight}, Now());
+    TenantStats& t = tenants_[tenant];
+    t.name = name;
+    t.weight = weight;
+    for (auto& d : devices_) d.policy->AddTenant({tenant, name, weight}, Now());
   });
 }
 
@@ -144,6 +154,9 @@ void Scheduler::Release() {
         c.block.id = next_block_++;
         c.block.tenant = tenant;
         c.block.arrival = Now();
+        TenantStats& ts = tenants_[tenant];
+        ++ts.commands;
+        if (c.block.kind == core::BlockKind::kKernel) ts.total_items += c.block.work_items;
         DeviceState& d = devices_[c.device];
         d.queued[c.block.id] = *it;
         d.policy->Submit(c.block, Now());
@@ -157,17 +170,33 @@ void Scheduler::Release() {
 void Scheduler::Pump() {
   bool dispatched_any = false;
   for (auto& d : devices_) {
-    std::vector<std::shared_ptr<Command>> batch;
+    std::vector<Job> batch;
     while (d.inflight < inflight_limit_) {
       auto pick = d.policy->Pick(Now());
       if (!pick) break;
       auto it = d.queued.find(pick->block);
       if (it == d.queued.end()) continue;  // a dropped tenant's block
-      std::shared_ptr<Command> c = std::move(it->second);
-      d.queued.erase(it);
-      c->event->dispatched = true;
+      Job job;
+      job.cmd = it->second;
+      job.range = pick->range;
+      job.last = pick->last;
+      const core::CommandBlock& b = job.cmd->block;
+      job.whole = pick->last && pick->range.begin == 0 && pick->range.end == b.work_items;
+      // A policy splits only splittable blocks; without run_chunk the range cannot be honoured.
+      assert(job.whole || job.cmd->run_chunk);
+      if (pick->last) {
+        job.cmd->event->dispatched = true;
+        d.queued.erase(it);
+      }
       ++d.inflight;
-      batch.push_back(std::move(c));
+      ++d.dispatches;
+      ++dispatches_;
+      auto t = tenants_.find(pick->tenant);
+      if (t != tenants_.end()) {
+        ++t->second.dispatches;
+        ++t->second.inflight;
+      }
+      batch.push_back(std::move(job));
       dispatched_any = true;
     }
     if (!batch.empty()) d.executor->Run(std::move(batch));
@@ -180,11 +209,86 @@ void Scheduler::OnComplete(uint32_t device, const std::vector<core::Completion>&
   DeviceState& d = devices_[device];
   for (const auto& c : done) {
     if (d.inflight > 0) --d.inflight;
-    if (tenants_.count(c.tenant) != 0) d.policy->Complete(c, Now());
-    outstanding_.fetch_sub(1);
+    auto t = tenants_.find(c.tenant);
+    if (t != tenants_.end()) {
+      TenantStats& ts = t->second;
+      if (ts.inflight > 0) --ts.inflight;
+      ts.device_time_s += ToSeconds(c.device_time);
+      ts.processed_items += c.range.size();
+      if (c.last) ++ts.completed;
+      d.policy->Complete(c, Now());
+    }
+    if (c.last) outstanding_.fetch_sub(1);
   }
   Release();
   Pump();
+}
+
+std::string Scheduler::Status() {
+  if (stop_.load()) return "{}";
+  auto promise = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> f = promise->get_future();
+  mailbox_.Post([this, promise] { promise->set_value(StatusNow()); });
+  if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return "{}";
+  return f.get();
+}
+
+std::string Scheduler::StatusNow() const {
+  using nlohmann::json;
+  json j;
+  j["inflight_per_device"] = inflight_limit_;
+  j["outstanding_commands"] = outstanding_.load();
+  json devs = json::array();
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const DeviceState& d = devices_[i];
+    devs.push_back(json{{"index", i},
+                        {"policy", std::string(d.policy->name())},
+                        {"inflight", d.inflight},
+                        {"queued_commands", d.queued.size()},
+                        {"dispatches", d.dispatches}});
+  }
+  j["devices"] = devs;
+  // Kang & Yu's N: tenants with work pending or in flight.
+  uint64_t active = 0;
+  for (const auto& [id, t] : tenants_) {
+    if (t.total_items > t.processed_items || t.commands > t.completed) ++active;
+  }
+  j["active_tenants"] = active;
+  json ts = json::array();
+  for (const auto& [id, t] : tenants_) {
+    json x{{"id", id},
+           {"name", t.name},
+           {"weight", t.weight},
+           {"active_tenants", active},
+           {"total_items", t.total_items},
+           {"processed_items", t.processed_items},
+           {"remaining_items", t.total_items - t.processed_items},
+           {"commands", t.commands},
+           {"completed_commands", t.completed},
+           {"dispatches", t.dispatches},
+           {"inflight", t.inflight},
+           {"device_time_s", t.device_time_s}};
+    size_t pending = 0;
+    for (const auto& d : devices_) {
+      pending += d.policy->Pending(id);
+      if (const auto* sp = dynamic_cast<const core::SplitPolicy*>(d.policy.get())) {
+        if (auto m = sp->Monitor(id)) {
+          x["usage_s"] = m->usage_s;  // Eq. (1)
+          x["next_chunk_items"] = m->next_chunk_items;
+          x["rounds"] = m->rounds;
+        }
+      }
+    }
+    x["pending_commands"] = pending;
+    ts.push_back(std::move(x));
+  }
+  j["tenants"] = ts;
+  j["scheduler"] = json{{"dispatches", dispatches_},
+                        {"busy_s", static_cast<double>(busy_ns_) * 1e-9},
+                        {"ns_per_dispatch", dispatches_ > 0 ? static_cast<double>(busy_ns_) /
+                                                                   static_cast<double>(dispatches_)
+                                                             : 0.0}};
+  return j.dump();
 }
 
 void Scheduler::Loop() {
@@ -199,7 +303,11 @@ void Scheduler::Loop() {
     }
     auto task = mailbox_.Take(deadline);
     if (task) {
+      auto t0 = std::chrono::steady_clock::now();
       (*task)();
+      busy_ns_ += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+              .count());
     } else if (mailbox_.closed()) {
       return;
     } else {

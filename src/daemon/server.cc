@@ -43,7 +43,8 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   for (cl_device_id d : s->backend_->devices()) devices.push_back(DescribeDevice(*s->backend_, d));
   core::PolicySpec spec{options.policy, options.policy_params, {}};
   GMUX_ASSIGN_OR_RETURN(s->scheduler_,
-                        Scheduler::Create(spec, devices, options.inflight_per_device));
+                        Scheduler::Create(spec, devices, options.inflight_per_device,
+                                          DevicePolicySpecs(options)));
   return s;
 }
 
@@ -229,7 +230,7 @@ Result<TenantId> Server::Handshake(SessionCore& core, std::string& error) {
     id = it->second;
     first = tenant_sessions_[id]++ == 0;
   }
-  if (first) scheduler_->AddTenant(id, tenant->weight);
+  if (first) scheduler_->AddTenant(id, tenant->weight, tenant->name);
   core.tenant = id;
   core.tenant_name = tenant->name;
   return id;

@@ -1,5 +1,8 @@
 #include "daemon/session.h"
 
+#include "daemon/kernel_scan.h"
+#include "daemon/splitter.h"
+
 #include <kj/exception.h>
 
 #include <fcntl.h>
@@ -364,7 +367,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_int err = CL_SUCCESS;
       cl_program p = cl_.clCreateProgramWithSource(ctx->ctx->h, 1, &src, &len, &err);
       if (p == nullptr) return {err, "clCreateProgramWithSource failed"};
-      programs_[r.getId()] = {Adopt(p), ctx->devices};
+      programs_[r.getId()] = {Adopt(p), ctx->devices, std::string(src, len), false};
       return {};
     }
 
@@ -398,7 +401,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto bs = root.initBinaryStatus(static_cast<unsigned>(status.size()));
       for (unsigned i = 0; i < status.size(); ++i) bs.set(i, status[i]);
       if (p == nullptr) return {err, "clCreateProgramWithBinary failed"};
-      programs_[r.getId()] = {Adopt(p), std::move(idx)};
+      programs_[r.getId()] = {Adopt(p), std::move(idx), {}, false};
       return {};
     }
 
@@ -422,6 +425,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         err = cl_.clBuildProgram(p->program->h, static_cast<cl_uint>(dv.size()),
                                  dv.empty() ? nullptr : dv.data(), options.c_str(), nullptr,
                                  nullptr);
+        // Split execution only for programs whose whole source we scanned (kernel_scan.h).
+        (*p).splittable = err == CL_SUCCESS && !(*p).source.empty() &&
+                          ScanForSplit((*p).source, options).splittable;
       } else {
         auto r = req.getCompileProgram();
         if (r.getHeaders().size() != r.getHeaderNames().size()) {
@@ -471,7 +477,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                        static_cast<cl_uint>(inputs.size()), inputs.data(), nullptr,
                                        nullptr, &err);
       if (p == nullptr) return {err != CL_SUCCESS ? err : CL_LINK_PROGRAM_FAILURE, "link failed"};
-      programs_[r.getId()] = {Adopt(p), idx.empty() ? ctx->devices : idx};
+      programs_[r.getId()] = {Adopt(p), idx.empty() ? ctx->devices : idx, {}, false};
       if (err != CL_SUCCESS) return {err, "link failed (see the build log)"};
       return {};
     }
@@ -485,7 +491,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       if (k == nullptr) return {err, std::string("clCreateKernel failed for '") + r.getName().cStr() + "'"};
       cl_uint nargs = 0;
       cl_.clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof(nargs), &nargs, nullptr);
-      kernels_[r.getId()] = {Adopt(k), std::make_shared<std::mutex>(), nargs};
+      kernels_[r.getId()] = {Adopt(k), std::make_shared<std::mutex>(), nargs, p->splittable};
       auto kr = root.initKernel();
       kr.setNumArgs(nargs);
       // Address qualifiers let the client tell a __local size from a NULL buffer argument.
@@ -594,6 +600,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       s.setLiveBackendObjects(LiveBackendObjects());
       s.setPendingCommands(scheduler_.Outstanding());
       s.setBulkBytes(core_->bulk_bytes.load());
+      s.setScheduler(scheduler_.Status());
       return {};
     }
   }
@@ -718,7 +725,7 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
         return {};
       }
       if (p >= CL_PROFILING_COMMAND_QUEUED && p <= CL_PROFILING_COMMAND_COMPLETE) {
-        Ref<cl_event> b = (*ev)->backend();
+        Ref<cl_event> b = (*ev)->ProfilingEvent(p);
         if (!b || (*ev)->status() != CL_COMPLETE) {
           return {CL_PROFILING_INFO_NOT_AVAILABLE, "event not complete"};
         }
@@ -834,6 +841,34 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       cmd->block.kind = core::BlockKind::kKernel;
       cmd->block.work_items = items;
       cmd->block.work_groups = has_local ? groups : 0;
+      if (k->splittable) {
+        // May run in chunks of whole work-groups along the last dimension (splitter.h).
+        auto plan = PlanSplit(cl_, k->kernel->h, backend_.devices()[q->device], dim,
+                              gs, has_local ? &ls : nullptr);
+        if (plan) {
+          cmd->block.splittable = core::Splittable::kYes;
+          cmd->block.work_groups = plan->granules;
+          cmd->run_chunk = [kernel = k->kernel, mu = k->mu, args, dim, off, gs, plan = *plan](
+                               cl_command_queue cq, const std::vector<cl_event>& w,
+                               const core::WorkRange& range, cl_event* out) {
+            const cl_icd_dispatch& d = Dispatch(cq);
+            std::lock_guard<std::mutex> lock(*mu);
+            for (cl_uint i = 0; i < args.size(); ++i) {
+              cl_int err = CL_SUCCESS;
+              switch (args[i].kind) {
+                case 0: err = d.clSetKernelArg(kernel->h, i, args[i].bytes.size(), args[i].bytes.data()); break;
+                case 1: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), &args[i].mem->h); break;
+                case 2: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), nullptr); break;
+            case 4: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_sampler), &args[i].sampler->h); break;
+                default: err = d.clSetKernelArg(kernel->h, i, args[i].local, nullptr); break;
+              }
+              if (err != CL_SUCCESS) return err;
+            }
+            return EnqueueChunk(d, cq, kernel->h, dim, off, gs, plan, range,
+                                static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(), out);
+          };
+        }
+      }
       cmd->run = [kernel = k->kernel, mu = k->mu, args = std::move(args), dim, off, gs, ls,
                   has_local](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
         const cl_icd_dispatch& d = Dispatch(cq);

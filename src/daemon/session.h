@@ -104,11 +104,14 @@ class Session {
   struct ProgramObj {
     Ref<cl_program> program;
     std::vector<uint32_t> devices;
+    std::string source;      // created from source: the text (split scan, kernel_scan.h)
+    bool splittable = false; // built from `source` alone and ScanForSplit() allows it
   };
   struct KernelObj {
     Ref<cl_kernel> kernel;
     std::shared_ptr<std::mutex> mu;  // guards the backend kernel's arguments while enqueuing
     uint32_t num_args = 0;
+    bool splittable = false;  // from its program: launches may run in chunks
   };
   struct Bulk {
     explicit Bulk(std::shared_ptr<HostBuffer> b) : buffer(std::move(b)), bytes(*buffer) {}

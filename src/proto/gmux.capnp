@@ -271,6 +271,7 @@ struct Stats {
   liveBackendObjects @1 :Int64;
   pendingCommands @2 :UInt64;
   bulkBytes @3 :UInt64;
+  scheduler @4 :Text;              # JSON: devices, policies, per-tenant monitoring (`gmux status`)
 }
 
 struct Reply {

@@ -5,7 +5,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "demo_fairness.h"
 #include "sim/output.h"
+#include "status.h"
 #include "sim/scenario.h"
 
 namespace {
@@ -74,6 +76,42 @@ int main(int argc, char** argv) {
                       "Render per-tenant throughput charts, one PNG per run, into DIR (gnuplot)")
       ->type_name("DIR");
 
+  CLI::App* status = app.add_subcommand(
+      "status", "Scheduler state of a running gmuxd: policies, per-tenant monitoring");
+  std::string status_socket;
+  bool status_json = false;
+  status->add_option("--socket", status_socket,
+                     "gmuxd's Unix socket (default: $GMUX_SOCKET, else /run/gmux/gmuxd.sock)");
+  status->add_flag("--json", status_json, "Print the daemon's JSON instead of the table");
+  status->footer(
+      "Per tenant: Kang & Yu's monitored quantities (active tenants, total, processed and\n"
+      "remaining work-items), commands, dispatches (chunks count one each), device time from\n"
+      "profiling (START->END per dispatch) and, under `split`, the Eq. (1) usage.");
+
+  CLI::App* demo = app.add_subcommand("demo", "Experiments on the real runtime");
+  demo->require_subcommand(1);
+  CLI::App* fair = demo->add_subcommand(
+      "fairness", "fifo vs credit vs split on real OpenCL: Kang & Yu and VMCG setups");
+  gmux::cli::DemoFairnessOptions fair_opts;
+  fair->add_flag("--json", fair_opts.json, "One JSON object (the simulator's run fields)");
+  fair->add_option("--window", fair_opts.window_s, "Measured seconds per run")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  fair->add_option("--warmup", fair_opts.warmup_s, "Seconds before the window")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  fair->add_option("--inflight", fair_opts.inflight, "gmuxd's commands in flight per device")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
+  fair->add_option("--depth", fair_opts.depth, "Launches each tenant keeps outstanding")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  fair->add_option("--policies", fair_opts.policies, "Comma-separated policies")
+      ->capture_default_str();
+  fair->add_option("--setups", fair_opts.setups,
+                   "Comma-separated setups: kangyu, vmcg-equal, vmcg-weighted")
+      ->capture_default_str();
+  fair->footer(
+      "Each run starts its own gmuxd on a temp socket; tenants are separate processes (own uids\n"
+      "when run as root). Shares are each tenant's device time in the measured window, from the\n"
+      "daemon's profiling; throughput is work-items completed per second. Takes ~1 min.");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -85,5 +123,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (sim_run->parsed()) return RunSim(args);
+  if (status->parsed()) return gmux::cli::RunStatus(status_socket, status_json);
+  if (fair->parsed()) return gmux::cli::RunDemoFairness(fair_opts);
   return 0;
 }

@@ -1,0 +1,421 @@
+#include "demo_fairness.h"
+
+#include <CL/cl.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/metrics.h"
+#include "status.h"
+
+namespace gmux::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const char* kSource = R"(
+__kernel void matmul(__global const float* A, __global const float* B, __global float* C, int n) {
+  int row = get_global_id(1), col = get_global_id(0);
+  float acc = 0.0f;
+  for (int k = 0; k < n; ++k) acc += A[row * n + k] * B[k * n + col];
+  C[row * n + col] = acc;
+})";
+
+struct TenantSpec {
+  std::string name;
+  double weight = 1;
+  int n = 128;  // matrix size: one launch is n x n work-items, n^3 multiply-adds
+};
+
+struct Setup {
+  std::string label;
+  std::vector<TenantSpec> tenants;
+};
+
+std::vector<Setup> AllSetups() {
+  // Kang & Yu Section 5: 6 tenants in two groups, short and long matrix multiplies (8x apart in
+  // work, 4x in work-items).
+  Setup ky{"kangyu", {}};
+  for (int i = 1; i <= 3; ++i) ky.tenants.push_back({"short-" + std::to_string(i), 1, 128});
+  for (int i = 1; i <= 3; ++i) ky.tenants.push_back({"long-" + std::to_string(i), 1, 256});
+  // VMCG Section 6: 3 tenants with different kernel sizes, equal weights, then 4:2:1.
+  Setup eq{"vmcg-equal", {{"small", 1, 128}, {"medium", 1, 192}, {"large", 1, 256}}};
+  Setup w{"vmcg-weighted", {{"small", 4, 128}, {"medium", 2, 192}, {"large", 1, 256}}};
+  return {ky, eq, w};
+}
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string x;
+  while (std::getline(in, x, ',')) {
+    if (!x.empty()) out.push_back(x);
+  }
+  return out;
+}
+
+// One tenant process: builds its program, reports "ready", waits for the start byte, then keeps
+// `depth` launches outstanding until `run_s` has passed; writes its latencies and exits.
+int TenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd) {
+  cl_platform_id platform;
+  cl_uint np = 0;
+  if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
+  cl_device_id dev;
+  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr) != CL_SUCCESS) return 11;
+  cl_int err;
+  cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
+  if (err != CL_SUCCESS) return 12;
+  cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+  cl_program p = clCreateProgramWithSource(ctx, 1, &kSource, nullptr, &err);
+  if (clBuildProgram(p, 1, &dev, "", nullptr, nullptr) != CL_SUCCESS) return 13;
+  cl_kernel k = clCreateKernel(p, "matmul", &err);
+  if (err != CL_SUCCESS) return 14;
+  const int n = t.n;
+  std::vector<float> A(static_cast<size_t>(n) * n), B(A.size()), C(A.size());
+  for (size_t i = 0; i < A.size(); ++i) {
+    A[i] = static_cast<float>((i * 7) % 13) * 0.25f;
+    B[i] = static_cast<float>((i * 3) % 11) * 0.5f;
+  }
+  size_t bytes = A.size() * sizeof(float);
+  cl_mem dA = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes, A.data(), &err);
+  cl_mem dB = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes, B.data(), &err);
+  cl_mem dC = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY, bytes, nullptr, &err);
+  if (err != CL_SUCCESS) return 15;
+  clSetKernelArg(k, 0, sizeof(cl_mem), &dA);
+  clSetKernelArg(k, 1, sizeof(cl_mem), &dB);
+  clSetKernelArg(k, 2, sizeof(cl_mem), &dC);
+  clSetKernelArg(k, 3, sizeof(int), &n);
+  size_t gs[2] = {static_cast<size_t>(n), static_cast<size_t>(n)};
+  // One warm launch so the kernel is compiled before the clock starts.
+  if (clEnqueueNDRangeKernel(q, k, 2, nullptr, gs, nullptr, 0, nullptr, nullptr) != CL_SUCCESS ||
+      clFinish(q) != CL_SUCCESS) {
+    return 16;
+  }
+  char c = 'r';
+  if (::write(ready_fd, &c, 1) != 1) return 17;
+  if (::read(start_fd, &c, 1) != 1) return 18;
+
+  struct Pending {
+    cl_event ev;
+    Clock::time_point at;
+  };
+  std::vector<Pending> pending;
+  std::string out;
+  const auto start = Clock::now();
+  const auto stop = start + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(run_s));
+  uint64_t done = 0;
+  while (Clock::now() < stop || !pending.empty()) {
+    if (Clock::now() < stop && static_cast<int>(pending.size()) < depth) {
+      cl_event ev;
+      if (clEnqueueNDRangeKernel(q, k, 2, nullptr, gs, nullptr, 0, nullptr, &ev) != CL_SUCCESS) {
+        return 19;
+      }
+      clFlush(q);
+      pending.push_back({ev, Clock::now()});
+      continue;
+    }
+    if (clWaitForEvents(1, &pending.front().ev) != CL_SUCCESS) return 20;
+    auto now = Clock::now();
+    // "<seconds since start at completion> <latency>" per completed launch.
+    out += std::to_string(std::chrono::duration<double>(now - start).count()) + " " +
+           std::to_string(std::chrono::duration<double>(now - pending.front().at).count()) + "\n";
+    clReleaseEvent(pending.front().ev);
+    pending.erase(pending.begin());
+    ++done;
+  }
+  if (clEnqueueReadBuffer(q, dC, CL_TRUE, 0, bytes, C.data(), 0, nullptr, nullptr) != CL_SUCCESS) {
+    return 21;
+  }
+  int wrong = 0;
+  for (int i = 0; i < n; i += 31) {
+    for (int j = 0; j < n; j += 17) {
+      double ref = 0;
+      for (int x = 0; x < n; ++x) ref += static_cast<double>(A[i * n + x]) * B[x * n + j];
+      wrong += std::fabs(ref - C[i * n + j]) > 1e-3 * std::fabs(ref) + 1e-3;
+    }
+  }
+  if (wrong != 0) return 22;
+  size_t off = 0;
+  while (off < out.size()) {
+    ssize_t w = ::write(ready_fd, out.data() + off, out.size() - off);
+    if (w <= 0) return 23;
+    off += static_cast<size_t>(w);
+  }
+  clReleaseMemObject(dA);
+  clReleaseMemObject(dB);
+  clReleaseMemObject(dC);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  clReleaseCommandQueue(q);
+  clReleaseContext(ctx);
+  return 0;
+}
+
+struct Paths {
+  std::string gmuxd, icd;
+};
+
+bool WaitForSocket(const std::string& socket, pid_t daemon) {
+  for (int i = 0; i < 3000; ++i) {
+    if (std::filesystem::exists(socket)) return true;
+    int st;
+    if (::waitpid(daemon, &st, WNOHANG) == daemon) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+json Snapshot(const std::string& socket) {
+  auto s = QuerySchedulerStatus(socket);
+  if (!s.ok()) return json::object();
+  json j = json::parse(*s, nullptr, false);
+  return j.is_discarded() ? json::object() : j;
+}
+
+const json* FindTenant(const json& snap, const std::string& name) {
+  if (!snap.contains("tenants")) return nullptr;
+  for (const auto& t : snap["tenants"]) {
+    if (t.value("name", std::string()) == name) return &t;
+  }
+  return nullptr;
+}
+
+// One run: a gmuxd with `policy`, the setup's tenants; returns the run's JSON (or an error
+// object with "error").
+json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
+            const DemoFairnessOptions& o) {
+  char tmpl[] = "/tmp/gmux-fair-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return json{{"error", "mkdtemp failed"}};
+  std::string dir = tmpl, socket = dir + "/gmuxd.sock", vendors = dir + "/vendors";
+  ::chmod(tmpl, 0755);
+  std::filesystem::create_directories(vendors);
+  ::chmod(vendors.c_str(), 0755);
+  std::ofstream(vendors + "/gmux.icd") << paths.icd << "\n";
+  ::chmod((vendors + "/gmux.icd").c_str(), 0644);
+  const bool root = ::getuid() == 0;
+  {
+    std::ofstream cfg(dir + "/gmux.toml");
+    cfg << "[daemon]\nsocket = \"" << socket << "\"\ninflight_per_device = " << o.inflight
+        << "\n\n[scheduler]\npolicy = \"" << policy << "\"\n\n";
+    for (size_t i = 0; i < setup.tenants.size(); ++i) {
+      cfg << "[[tenant]]\nname = \"" << setup.tenants[i].name
+          << "\"\nweight = " << setup.tenants[i].weight << "\nuids = ["
+          << (root ? 60101 + i : ::getuid()) << "]\n\n";
+    }
+  }
+  pid_t daemon = ::fork();
+  if (daemon == 0) {
+    int devnull = ::open("/dev/null", O_WRONLY);
+    if (devnull >= 0) ::dup2(devnull, 2);
+    ::execl(paths.gmuxd.c_str(), paths.gmuxd.c_str(), "--config", (dir + "/gmux.toml").c_str(),
+            "--exit-after", "900", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  json result;
+  auto cleanup = [&] {
+    ::kill(daemon, SIGTERM);
+    int st;
+    ::waitpid(daemon, &st, 0);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  };
+  if (!WaitForSocket(socket, daemon)) {
+    cleanup();
+    return json{{"error", "gmuxd did not start"}};
+  }
+  const double run_s = o.warmup_s + o.window_s + 0.5;
+  struct Kid {
+    pid_t pid;
+    int ready_fd;  // read end: "r", then the latencies
+    int start_fd;  // write end
+  };
+  std::vector<Kid> kids;
+  for (size_t i = 0; i < setup.tenants.size(); ++i) {
+    int up[2], down[2];
+    if (::pipe(up) != 0 || ::pipe(down) != 0) return json{{"error", "pipe failed"}};
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(up[0]);
+      ::close(down[1]);
+      if (root) {
+        uid_t uid = static_cast<uid_t>(60101 + i);
+        if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(3);
+      }
+      ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
+      ::setenv("GMUX_SOCKET", socket.c_str(), 1);
+      ::_exit(TenantMain(setup.tenants[i], o.depth, run_s, up[1], down[0]));
+    }
+    ::close(up[1]);
+    ::close(down[0]);
+    kids.push_back({pid, up[0], down[1]});
+  }
+  bool ok = true;
+  for (auto& k : kids) {
+    char c = 0;
+    ok = ok && ::read(k.ready_fd, &c, 1) == 1 && c == 'r';
+  }
+  for (auto& k : kids) {
+    char c = 's';
+    ok = ok && ::write(k.start_fd, &c, 1) == 1;
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_s));
+  json a = Snapshot(socket);
+  auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.window_s));
+  json b = Snapshot(socket);
+  double window = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<std::string> outputs(kids.size());
+  for (size_t i = 0; i < kids.size(); ++i) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(kids[i].ready_fd, buf, sizeof(buf))) > 0) outputs[i].append(buf, static_cast<size_t>(n));
+    ::close(kids[i].ready_fd);
+    ::close(kids[i].start_fd);
+    int st = 0;
+    ::waitpid(kids[i].pid, &st, 0);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+      ok = false;
+      result["error"] = "tenant " + setup.tenants[i].name + " failed (exit " +
+                        std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + ")";
+    }
+  }
+  cleanup();
+  if (!ok) {
+    if (!result.contains("error")) result["error"] = "a tenant did not start";
+    return result;
+  }
+
+  std::vector<double> weights, device_s, shares;
+  double items = 0, total_device = 0;
+  json tenants = json::array();
+  for (size_t i = 0; i < setup.tenants.size(); ++i) {
+    const json* ta = FindTenant(a, setup.tenants[i].name);
+    const json* tb = FindTenant(b, setup.tenants[i].name);
+    if (ta == nullptr || tb == nullptr) return json{{"error", "tenant missing from gmux status"}};
+    double dt = tb->value("device_time_s", 0.0) - ta->value("device_time_s", 0.0);
+    weights.push_back(setup.tenants[i].weight);
+    device_s.push_back(dt);
+    total_device += dt;
+    items += static_cast<double>(tb->value("processed_items", uint64_t{0}) -
+                                 ta->value("processed_items", uint64_t{0}));
+    // Latencies of the launches that completed inside the window (tenant clock: the window
+    // starts warmup_s after the tenants' start).
+    std::vector<double> lat;
+    std::stringstream in(outputs[i]);
+    double at, l;
+    while (in >> at >> l) {
+      if (at >= o.warmup_s && at < o.warmup_s + o.window_s) lat.push_back(l);
+    }
+    tenants.push_back(json{
+        {"name", setup.tenants[i].name},
+        {"weight", setup.tenants[i].weight},
+        {"matrix_n", setup.tenants[i].n},
+        {"device_time_s", dt},
+        {"commands", tb->value("completed_commands", uint64_t{0}) -
+                         ta->value("completed_commands", uint64_t{0})},
+        {"dispatches", tb->value("dispatches", uint64_t{0}) - ta->value("dispatches", uint64_t{0})},
+        {"completions_s", lat}});
+  }
+  for (size_t i = 0; i < tenants.size(); ++i) {
+    double share = total_device > 0 ? device_s[i] / total_device : 0;
+    shares.push_back(share);
+    tenants[i]["share"] = share;
+  }
+  const json sched_b = b.value("scheduler", json::object());
+  const json sched_a = a.value("scheduler", json::object());
+  double busy = sched_b.value("busy_s", 0.0) - sched_a.value("busy_s", 0.0);
+  double disp = static_cast<double>(sched_b.value("dispatches", uint64_t{0}) -
+                                    sched_a.value("dispatches", uint64_t{0}));
+  result["label"] = setup.label;
+  result["policy"] = policy;
+  result["params"] = json{{"inflight_per_device", o.inflight}, {"depth", o.depth}};
+  result["lambda"] = core::FairnessLambda(weights, device_s);
+  result["jain"] = core::JainIndex(weights, shares);
+  auto [mn, mx] = std::minmax_element(shares.begin(), shares.end());
+  result["max_min_share"] = *mn > 0 ? *mx / *mn : 0.0;
+  result["window_s"] = window;
+  result["device_busy"] = window > 0 ? total_device / window : 0;
+  result["throughput"] = window > 0 ? items / window : 0;
+  result["sched_ns_per_dispatch"] = disp > 0 ? busy * 1e9 / disp : 0;
+  result["tenants"] = tenants;
+  return result;
+}
+
+}  // namespace
+
+int RunDemoFairness(const DemoFairnessOptions& o) {
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+  Paths paths{(exe.parent_path() / "gmuxd").string(),
+              (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string()};
+  if (!std::filesystem::exists(paths.gmuxd) || !std::filesystem::exists(paths.icd)) {
+    std::cerr << "gmux demo fairness: needs " << paths.gmuxd << " and " << paths.icd
+              << " (build the gmuxd and gmux-icd targets)\n";
+    return 2;
+  }
+  std::vector<std::string> policies = SplitList(o.policies), wanted = SplitList(o.setups);
+  json runs = json::array();
+  if (::getuid() != 0 && !o.json) {
+    std::cerr << "(not root: every tenant process runs as the caller's uid and so is one tenant;"
+                 " run as root for a meaningful experiment)\n";
+  }
+  int failures = 0;
+  for (const Setup& s : AllSetups()) {
+    if (std::find(wanted.begin(), wanted.end(), s.label) == wanted.end()) continue;
+    for (const std::string& p : policies) {
+      if (!o.json) std::cerr << "running " << s.label << " under " << p << " ...\n";
+      json r = RunOne(paths, s, p, o);
+      if (r.contains("error")) {
+        ++failures;
+        std::cerr << "gmux demo fairness: " << s.label << "/" << p << ": "
+                  << r["error"].get<std::string>() << "\n";
+        r["label"] = s.label;
+        r["policy"] = p;
+      }
+      runs.push_back(r);
+    }
+  }
+  if (o.json) {
+    std::cout << json{{"kind", "demo-fairness"}, {"runs", runs}}.dump(2) << "\n";
+  } else {
+    std::printf("%-14s %-7s %7s %6s %8s %14s %9s  %s\n", "setup", "policy", "lambda", "jain",
+                "max/min", "items/s", "ns/disp", "shares (weight: share)");
+    for (const auto& r : runs) {
+      if (r.contains("error")) continue;
+      std::string sh;
+      for (const auto& t : r["tenants"]) {
+        char b[64];
+        std::snprintf(b, sizeof(b), "%s %g: %.3f  ", t["name"].get<std::string>().c_str(),
+                      t["weight"].get<double>(), t["share"].get<double>());
+        sh += b;
+      }
+      std::printf("%-14s %-7s %7.3f %6.3f %8.2f %14.0f %9.0f  %s\n",
+                  r["label"].get<std::string>().c_str(), r["policy"].get<std::string>().c_str(),
+                  r["lambda"].get<double>(), r["jain"].get<double>(),
+                  r["max_min_share"].get<double>(), r["throughput"].get<double>(),
+                  r["sched_ns_per_dispatch"].get<double>(), sh.c_str());
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace gmux::cli

@@ -1,0 +1,135 @@
+#include "status.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include <CL/cl.h>
+#include <nlohmann/json.hpp>
+
+#include "daemon/config.h"
+#include "proto/frame.h"
+#include "proto/gmux.capnp.h"
+
+namespace gmux::cli {
+
+namespace {
+
+namespace wire = proto::wire;
+
+Result<proto::Message> Call(int fd, capnp::MallocMessageBuilder& b) {
+  GMUX_RETURN_IF_ERROR(proto::WriteFrame(fd, proto::FrameKind::kRequest, b));
+  return proto::ReadFrame(fd, proto::FrameKind::kReply);
+}
+
+}  // namespace
+
+Result<std::string> QuerySchedulerStatus(const std::string& socket_arg) {
+  std::string path = socket_arg;
+  if (path.empty()) {
+    const char* env = std::getenv("GMUX_SOCKET");
+    path = env != nullptr && *env != '\0' ? env : daemon::DefaultSocketPath();
+  }
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long: " + path);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Unavailable("cannot create a socket");
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    std::string err = std::strerror(errno);
+    ::close(fd);
+    return Unavailable("cannot connect to gmuxd at " + path + ": " + err);
+  }
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  Result<std::string> out = Unavailable("no answer");
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    capnp::MallocMessageBuilder hello;
+    auto req = hello.initRoot<wire::Request>();
+    req.setSeq(1);
+    auto h = req.initHello();
+    h.setProtocolVersion(proto::kProtocolVersion);
+    h.setPid(static_cast<uint32_t>(::getpid()));
+    h.setClientName("gmux status");
+    auto r1 = Call(fd, hello);
+    if (!r1.ok()) {
+      out = r1.status();
+      return;
+    }
+    if (r1->root<wire::Reply>().getStatus() != CL_SUCCESS) {
+      out = PermissionDenied(std::string("gmuxd refused the connection: ") +
+                             r1->root<wire::Reply>().getMessage().cStr());
+      return;
+    }
+    capnp::MallocMessageBuilder stats;
+    auto sreq = stats.initRoot<wire::Request>();
+    sreq.setSeq(2);
+    sreq.setStats();
+    auto r2 = Call(fd, stats);
+    if (!r2.ok()) {
+      out = r2.status();
+      return;
+    }
+    auto rep = r2->root<wire::Reply>();
+    if (!rep.isStats()) {
+      out = Internal("gmuxd answered the status request with something else");
+      return;
+    }
+    out = std::string(rep.getStats().getScheduler().cStr());
+  })) {
+    out = DataLoss(std::string("malformed reply: ") + e->getDescription().cStr());
+  }
+  ::close(fd);
+  if (out.ok() && out->empty()) return Unimplemented("this gmuxd does not report its scheduler");
+  return out;
+}
+
+int RunStatus(const std::string& socket, bool json) {
+  auto s = QuerySchedulerStatus(socket);
+  if (!s.ok()) {
+    std::cerr << "gmux status: " << s.status().message() << "\n";
+    return 1;
+  }
+  nlohmann::json j = nlohmann::json::parse(*s, nullptr, false);
+  if (j.is_discarded()) {
+    std::cerr << "gmux status: the daemon sent malformed JSON\n";
+    return 1;
+  }
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& d : j.value("devices", nlohmann::json::array())) {
+    std::printf("device %d: policy %s, %d in flight (limit %d), %d queued, %llu dispatches\n",
+                d.value("index", 0), d.value("policy", std::string("?")).c_str(),
+                d.value("inflight", 0), j.value("inflight_per_device", 0),
+                d.value("queued_commands", 0),
+                static_cast<unsigned long long>(d.value("dispatches", uint64_t{0})));
+  }
+  std::printf("active tenants: %d\n", j.value("active_tenants", 0));
+  std::printf("%-16s %7s %12s %12s %12s %9s %10s %10s %9s\n", "tenant", "weight", "total_items",
+              "processed", "remaining", "commands", "dispatches", "device_s", "usage_s");
+  for (const auto& t : j.value("tenants", nlohmann::json::array())) {
+    std::printf("%-16s %7.2f %12llu %12llu %12llu %9llu %10llu %10.3f %9.3f\n",
+                t.value("name", std::string("?")).c_str(), t.value("weight", 0.0),
+                static_cast<unsigned long long>(t.value("total_items", uint64_t{0})),
+                static_cast<unsigned long long>(t.value("processed_items", uint64_t{0})),
+                static_cast<unsigned long long>(t.value("remaining_items", uint64_t{0})),
+                static_cast<unsigned long long>(t.value("completed_commands", uint64_t{0})),
+                static_cast<unsigned long long>(t.value("dispatches", uint64_t{0})),
+                t.value("device_time_s", 0.0), t.value("usage_s", 0.0));
+  }
+  const auto sch = j.value("scheduler", nlohmann::json::object());
+  std::printf("scheduler thread: %.0f ns per dispatch over %llu dispatches\n",
+              sch.value("ns_per_dispatch", 0.0),
+              static_cast<unsigned long long>(sch.value("dispatches", uint64_t{0})));
+  return 0;
+}
+
+}  // namespace gmux::cli
