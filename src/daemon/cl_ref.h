@@ -29,6 +29,7 @@ inline void ReleaseBackend(cl_mem o) { Dispatch(o).clReleaseMemObject(o); }
 inline void ReleaseBackend(cl_program o) { Dispatch(o).clReleaseProgram(o); }
 inline void ReleaseBackend(cl_kernel o) { Dispatch(o).clReleaseKernel(o); }
 inline void ReleaseBackend(cl_event o) { Dispatch(o).clReleaseEvent(o); }
+inline void ReleaseBackend(cl_sampler o) { Dispatch(o).clReleaseSampler(o); }
 
 template <typename T>
 struct Held {

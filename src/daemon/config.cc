@@ -13,11 +13,17 @@ std::string DefaultSocketPath() { return "/run/gmux/gmuxd.sock"; }
 Status DaemonOptions::Validate() const {
   if (max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
   if (inflight_per_device == 0) return InvalidArgument("inflight_per_device must be > 0");
+  if (!listen.empty()) GMUX_RETURN_IF_ERROR(ParseListenAddress(listen).status());
   GMUX_RETURN_IF_ERROR(frame.Validate());
   GMUX_RETURN_IF_ERROR(backend.Validate());
   std::set<std::string> names;
   std::set<uint32_t> uids;
+  std::set<std::string> tokens;
   for (const auto& t : tenants) {
+    for (const auto& tok : t.tokens) {
+      if (tok.empty()) return InvalidArgument("tenant '" + t.name + "': empty token");
+      if (!tokens.insert(tok).second) return InvalidArgument("a token is given to two tenants");
+    }
     if (t.name.empty()) return InvalidArgument("a tenant has an empty name");
     if (!(t.weight > 0)) return InvalidArgument("tenant '" + t.name + "': weight must be > 0");
     if (!names.insert(t.name).second) return InvalidArgument("tenant '" + t.name + "' twice");
@@ -38,16 +44,66 @@ Result<TenantConfig> DaemonOptions::TenantForUid(uint32_t uid) const {
   }
   switch (unknown_peers) {
     case UnknownPeers::kOwnTenant:
-      return TenantConfig{"uid-" + std::to_string(uid), 1.0, {uid}};
+      return TenantConfig{"uid-" + std::to_string(uid), 1.0, {uid}, {}};
     case UnknownPeers::kShared:
       for (const auto& t : tenants) {
         if (t.name == default_tenant) return t;
       }
-      return TenantConfig{default_tenant, 1.0, {}};
+      return TenantConfig{default_tenant, 1.0, {}, {}};
     case UnknownPeers::kReject:
       break;
   }
   return PermissionDenied("uid " + std::to_string(uid) + " is not a configured tenant");
+}
+
+Result<ListenAddress> ParseListenAddress(std::string_view text) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return InvalidArgument("listen address '" + std::string(text) + "' is not HOST:PORT");
+  }
+  ListenAddress a;
+  std::string_view host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  a.host = std::string(host);
+  std::string_view port = text.substr(colon + 1);
+  if (port.empty() || port.size() > 5) {
+    return InvalidArgument("listen address '" + std::string(text) + "': bad port");
+  }
+  uint32_t p = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') {
+      return InvalidArgument("listen address '" + std::string(text) + "': bad port");
+    }
+    p = p * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (p > 65535) return InvalidArgument("listen address '" + std::string(text) + "': bad port");
+  a.port = static_cast<uint16_t>(p);
+  return a;
+}
+
+Result<TenantConfig> DaemonOptions::TenantForToken(const std::string& token) const {
+  // Compare every token in full, so the time taken does not tell how much of one matched.
+  const TenantConfig* found = nullptr;
+  for (const auto& t : tenants) {
+    for (const auto& tok : t.tokens) {
+      unsigned char diff = tok.size() == token.size() ? 0 : 1;
+      for (size_t i = 0; i < tok.size(); ++i) {
+        diff |= static_cast<unsigned char>(tok[i] ^ (i < token.size() ? token[i] : 0));
+      }
+      if (diff == 0 && !token.empty()) found = &t;
+    }
+  }
+  if (found != nullptr) return *found;
+  if (unknown_tokens == UnknownTokens::kShared) {
+    for (const auto& t : tenants) {
+      if (t.name == default_tenant) return t;
+    }
+    return TenantConfig{default_tenant, 1.0, {}, {}};
+  }
+  return PermissionDenied(token.empty() ? "a TCP client must present a token (GMUX_TOKEN)"
+                                        : "unknown token");
 }
 
 Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string& path) {
@@ -58,10 +114,15 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* d, doc.Table(root, "daemon", false));
   if (d != nullptr) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*d, {"socket", "socket_mode", "max_sessions",
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*d, {"socket", "socket_mode", "listen", "max_sessions",
                                            "max_bulk_bytes_per_session", "inflight_per_device",
                                            "max_frame_bytes"}));
     GMUX_ASSIGN_OR_RETURN(o.socket_path, doc.String(*d, "socket", ""));
+    GMUX_ASSIGN_OR_RETURN(o.listen, doc.String(*d, "listen", ""));
+    if (!o.listen.empty()) {
+      auto la = ParseListenAddress(o.listen);
+      if (!la.ok()) return doc.Error(d->get("listen"), "listen", la.status().message());
+    }
     GMUX_ASSIGN_OR_RETURN(int64_t mode, doc.Integer(*d, "socket_mode", 0666, 0, 0777));
     o.socket_mode = static_cast<uint32_t>(mode);
     GMUX_ASSIGN_OR_RETURN(int64_t ms, doc.Integer(*d, "max_sessions", 256, 1, 1 << 20));
@@ -145,18 +206,21 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* t, doc.Table(root, "tenants", false));
   if (t != nullptr) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*t, {"unknown_peers", "default_tenant"}));
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*t, {"unknown_peers", "unknown_tokens", "default_tenant"}));
     GMUX_ASSIGN_OR_RETURN(std::string up, doc.Choice(*t, "unknown_peers", "own-tenant",
                                                      {"own-tenant", "shared", "reject"}));
     o.unknown_peers = up == "own-tenant" ? UnknownPeers::kOwnTenant
                       : up == "shared"   ? UnknownPeers::kShared
                                          : UnknownPeers::kReject;
+    GMUX_ASSIGN_OR_RETURN(std::string ut, doc.Choice(*t, "unknown_tokens", "reject",
+                                                     {"reject", "shared"}));
+    o.unknown_tokens = ut == "reject" ? UnknownTokens::kReject : UnknownTokens::kShared;
     GMUX_ASSIGN_OR_RETURN(o.default_tenant, doc.String(*t, "default_tenant", "default"));
   }
 
   GMUX_ASSIGN_OR_RETURN(auto tenant_tables, doc.Tables(root, "tenant", false));
   for (const toml::table* tt : tenant_tables) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, {"name", "weight", "uids"}));
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, {"name", "weight", "uids", "tokens"}));
     TenantConfig tc;
     GMUX_ASSIGN_OR_RETURN(tc.name, doc.String(*tt, "name", std::nullopt));
     GMUX_ASSIGN_OR_RETURN(tc.weight, doc.Number(*tt, "weight", 1.0, 1e-9));
@@ -167,6 +231,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
       }
       tc.uids.push_back(static_cast<uint32_t>(u));
     }
+    GMUX_ASSIGN_OR_RETURN(tc.tokens, doc.Strings(*tt, "tokens", std::vector<std::string>{}));
     o.tenants.push_back(std::move(tc));
   }
   Status v = o.Validate();

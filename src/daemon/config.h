@@ -25,11 +25,26 @@ enum class UnknownPeers {
   kReject,     // the handshake fails
 };
 
+// What happens to a TCP client whose token no [[tenant]] lists.
+enum class UnknownTokens {
+  kReject,  // the handshake fails (default)
+  kShared,  // the client gets the tenant `default_tenant`
+};
+
 struct TenantConfig {
   std::string name;
   double weight = 1.0;
   std::vector<uint32_t> uids;  // local peers mapped to this tenant
+  std::vector<std::string> tokens;  // TCP clients presenting one of these are this tenant
 };
+
+// A TCP listen address "HOST:PORT" ("[V6]:PORT" for IPv6); port 0 picks a free port.
+struct ListenAddress {
+  std::string host;
+  uint16_t port = 0;
+};
+// Parses "HOST:PORT"; kInvalidArgument naming what is wrong.
+Result<ListenAddress> ParseListenAddress(std::string_view text);
 
 // A scheduling policy by name with its numeric parameters ([scheduler] or [[scheduler.device]]).
 struct PolicyChoice {
@@ -39,6 +54,7 @@ struct PolicyChoice {
 
 struct DaemonOptions {
   std::string socket_path;                      // empty: DefaultSocketPath()
+  std::string listen;                           // TCP "HOST:PORT"; empty: no TCP listener
   uint32_t socket_mode = 0666;                  // permissions of the socket file
   uint32_t max_sessions = 256;
   uint64_t max_bulk_bytes_per_session = 2ull << 30;  // staged upload bytes one session may hold
@@ -50,6 +66,7 @@ struct DaemonOptions {
   // Devices whose policy differs from `policy` ([[scheduler.device]] tables), by device index.
   std::map<uint32_t, PolicyChoice> device_policies;
   UnknownPeers unknown_peers = UnknownPeers::kOwnTenant;
+  UnknownTokens unknown_tokens = UnknownTokens::kReject;
   std::string default_tenant = "default";
   std::vector<TenantConfig> tenants;
 
@@ -57,6 +74,9 @@ struct DaemonOptions {
   // The configured tenant for a local uid, or the default rule's answer (kPermissionDenied when
   // unknown peers are rejected).
   Result<TenantConfig> TenantForUid(uint32_t uid) const;
+  // The tenant a TCP client's token names, or `default_tenant` when unknown tokens are shared
+  // (kPermissionDenied when they are rejected, and for an empty token then).
+  Result<TenantConfig> TenantForToken(const std::string& token) const;
 };
 
 // The per-device policy overrides as specs for Scheduler::Create (device facts left empty).

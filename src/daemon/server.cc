@@ -1,6 +1,9 @@
 #include "daemon/server.h"
 
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -82,9 +85,53 @@ Status Server::Start() {
     return Unavailable(std::string("listen: ") + std::strerror(e));
   }
   listen_fd_ = fd;
+  if (!options_.listen.empty()) {
+    Status tcp = StartTcp();
+    if (!tcp.ok()) {
+      ::close(listen_fd_);
+      ::unlink(socket_path_.c_str());
+      listen_fd_ = -1;
+      return tcp;
+    }
+  }
   if (::pipe2(wake_pipe_, O_CLOEXEC) != 0) return Unavailable("pipe failed");
   scheduler_->Start();
   accept_thread_ = std::thread([this] { AcceptLoop(); });
+  return Status::Ok();
+}
+
+Status Server::StartTcp() {
+  GMUX_ASSIGN_OR_RETURN(ListenAddress la, ParseListenAddress(options_.listen));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  std::string port = std::to_string(la.port);
+  int gai = ::getaddrinfo(la.host.empty() ? nullptr : la.host.c_str(), port.c_str(), &hints, &res);
+  if (gai != 0) return InvalidArgument("listen " + options_.listen + ": " + ::gai_strerror(gai));
+  std::string last_error = "no address";
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {
+      last_error = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    tcp_port_ = ntohs(bound.ss_family == AF_INET6
+                          ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    tcp_fd_ = fd;
+    break;
+  }
+  ::freeaddrinfo(res);
+  if (tcp_fd_ < 0) return Unavailable("listen " + options_.listen + ": " + last_error);
   return Status::Ok();
 }
 
@@ -114,6 +161,10 @@ void Server::Stop() {
     ::close(listen_fd_);
     ::unlink(socket_path_.c_str());
     listen_fd_ = -1;
+  }
+  if (tcp_fd_ >= 0) {
+    ::close(tcp_fd_);
+    tcp_fd_ = -1;
   }
   for (int& fd : wake_pipe_) {
     if (fd >= 0) ::close(fd);
@@ -156,28 +207,40 @@ void Server::ReapFinished() {
 
 void Server::AcceptLoop() {
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_pipe_[0], POLLIN, 0}};
-    int n = ::poll(fds, 2, 1000);
+    pollfd fds[3] = {{wake_pipe_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}};
+    int n = ::poll(fds, tcp_fd_ >= 0 ? 3 : 2, 1000);
     if (stopping_) return;
     ReapFinished();
-    if (n <= 0 || (fds[0].revents & POLLIN) == 0) continue;
-    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    auto conn = std::make_unique<Conn>();
-    conn->core = std::make_shared<SessionCore>();
-    conn->core->fd = fd;
-    conn->core->id = next_session_++;
-    conn->core->limits = options_.frame;
-    Conn* raw = conn.get();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      conns_.push_back(std::move(conn));
+    if (n <= 0) continue;
+    for (int which = 1; which <= 2; ++which) {
+      if ((fds[which].revents & POLLIN) != 0) Accept(fds[which].fd, /*tcp=*/which == 2);
     }
-    raw->thread = std::thread([this, raw] { Serve(raw); });
   }
 }
 
-Result<TenantId> Server::Handshake(SessionCore& core, std::string& error) {
+void Server::Accept(int listen_fd, bool tcp) {
+  int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  if (tcp) {
+    // Requests and replies are small frames that must leave at once.
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  auto conn = std::make_unique<Conn>();
+  conn->core = std::make_shared<SessionCore>();
+  conn->core->fd = fd;
+  conn->core->id = next_session_++;
+  conn->core->limits = options_.frame;
+  conn->core->tcp = tcp;
+  Conn* raw = conn.get();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.push_back(std::move(conn));
+  }
+  raw->thread = std::thread([this, raw] { Serve(raw); });
+}
+
+Result<TenantId> Server::Handshake(SessionCore& core, bool tcp, std::string& error) {
   proto::FrameHeader header;
   auto msg = proto::ReadFrame(core.fd, proto::FrameKind::kRequest, core.limits, &header);
   if (!msg.ok()) {
@@ -186,11 +249,14 @@ Result<TenantId> Server::Handshake(SessionCore& core, std::string& error) {
   }
   uint32_t version = 0;
   bool is_hello = false;
-  std::string name;
+  std::string token;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto req = msg->root<wire::Request>();
     is_hello = req.isHello();
-    if (is_hello) version = req.getHello().getProtocolVersion();
+    if (is_hello) {
+      version = req.getHello().getProtocolVersion();
+      token = req.getHello().getToken();
+    }
   })) {
     error = "malformed hello";
     return DataLoss(error);
@@ -204,13 +270,18 @@ Result<TenantId> Server::Handshake(SessionCore& core, std::string& error) {
             std::to_string(proto::kProtocolVersion);
     return FailedPrecondition(error);
   }
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (::getsockopt(core.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    error = "cannot read peer credentials";
-    return PermissionDenied(error);
+  Result<TenantConfig> tenant = PermissionDenied("no identity");
+  if (tcp) {
+    tenant = options_.TenantForToken(token);
+  } else {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(core.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      error = "cannot read peer credentials";
+      return PermissionDenied(error);
+    }
+    tenant = options_.TenantForUid(cred.uid);
   }
-  auto tenant = options_.TenantForUid(cred.uid);
   if (!tenant.ok()) {
     error = tenant.status().message();
     return tenant.status();
@@ -239,7 +310,7 @@ Result<TenantId> Server::Handshake(SessionCore& core, std::string& error) {
 void Server::Serve(Conn* conn) {
   SessionCore& core = *conn->core;
   std::string error;
-  auto tenant = Handshake(core, error);
+  auto tenant = Handshake(core, core.tcp, error);
   capnp::MallocMessageBuilder b;
   auto rep = b.initRoot<wire::Reply>();
   rep.setSeq(1);

@@ -1,9 +1,10 @@
 // Server: gmuxd's listener and the owner of every daemon component.
 //
 // Create() opens the backend platform and builds the scheduler (one policy per device);
-// Start() binds the Unix socket and starts the accept thread. Each accepted connection gets a
-// session thread that performs the handshake (protocol version, tenant from the peer's
-// credentials through the config) and then serves the session until the client leaves; its
+// Start() binds the Unix socket (and the TCP listener when `listen` is configured) and starts
+// the accept thread. Each accepted connection gets a session thread that performs the handshake
+// (protocol version; the tenant from the peer's credentials on the Unix socket, from the hello's
+// token over TCP, both through the config) and then serves the session until the client leaves; its
 // objects are released then. Stop() closes the listener, disconnects every session and joins
 // all threads. Public methods are thread-safe.
 #pragma once
@@ -33,6 +34,8 @@ class Server {
   void Stop();
 
   const std::string& socket_path() const { return socket_path_; }
+  // The TCP port bound (the real one when the config asked for port 0); 0 without TCP.
+  uint16_t tcp_port() const { return tcp_port_; }
   const Backend& backend() const { return *backend_; }
   size_t SessionCount() const;
   // Blocks until no session is connected or `timeout` passes; true when none is left.
@@ -45,9 +48,11 @@ class Server {
     std::thread thread;
     std::atomic<bool> finished{false};
   };
+  Status StartTcp();
   void AcceptLoop();
+  void Accept(int listen_fd, bool tcp);
   void Serve(Conn* conn);
-  Result<TenantId> Handshake(SessionCore& core, std::string& error);
+  Result<TenantId> Handshake(SessionCore& core, bool tcp, std::string& error);
   void ReapFinished();
 
   DaemonOptions options_;
@@ -55,6 +60,8 @@ class Server {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Scheduler> scheduler_;
   int listen_fd_ = -1;
+  int tcp_fd_ = -1;
+  uint16_t tcp_port_ = 0;
   int wake_pipe_[2] = {-1, -1};
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};

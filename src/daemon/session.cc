@@ -1,5 +1,7 @@
 #include "daemon/session.h"
 
+#include "proto/image_layout.h"
+
 #include "daemon/kernel_scan.h"
 #include "daemon/splitter.h"
 
@@ -106,6 +108,7 @@ bool IsHandleParam(uint32_t p) {
     case CL_CONTEXT_DEVICES: case CL_CONTEXT_PROPERTIES:
     case CL_QUEUE_CONTEXT: case CL_QUEUE_DEVICE:
     case CL_MEM_CONTEXT: case CL_MEM_ASSOCIATED_MEMOBJECT: case CL_MEM_HOST_PTR:
+    case CL_IMAGE_BUFFER:
     case CL_PROGRAM_CONTEXT: case CL_PROGRAM_DEVICES:
     case CL_KERNEL_PROGRAM: case CL_KERNEL_CONTEXT:
     case CL_EVENT_COMMAND_QUEUE: case CL_EVENT_CONTEXT:
@@ -164,6 +167,21 @@ bool DecodeRect(wire::Rect::Reader r, RectArgs& a) {
   a.hsp = r.getHostSlicePitch();
   return RectEnd(a.buffer_origin, a.region, a.brp, a.bsp, a.buffer_end) &&
          RectEnd(a.host_origin, a.region, a.hrp, a.hsp, a.host_end);
+}
+
+// An image region's origin and region (3 entries each) and the host bytes its layout spans.
+struct ImageRegion {
+  size_t origin[3];
+  size_t region[3];
+  uint64_t host_bytes = 0;
+};
+
+bool DecodeImageRegion(capnp::List<uint64_t>::Reader origin, capnp::List<uint64_t>::Reader region,
+                       uint32_t image_type, size_t element_bytes, size_t row_pitch,
+                       size_t slice_pitch, ImageRegion& out) {
+  return Triple(origin, out.origin) && Triple(region, out.region) &&
+         proto::ImageHostBytes(image_type, out.region, element_bytes, row_pitch, slice_pitch,
+                               out.host_bytes);
 }
 
 }  // namespace
@@ -537,6 +555,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         case wire::ObjectKind::PROGRAM: n = programs_.erase(r.getId()); break;
         case wire::ObjectKind::KERNEL: n = kernels_.erase(r.getId()); break;
         case wire::ObjectKind::EVENT: n = events_.erase(r.getId()); break;
+        case wire::ObjectKind::SAMPLER: n = samplers_.erase(r.getId()); break;
         default: break;
       }
       if (n == 0) return {CL_INVALID_VALUE, "release of unknown id " + std::to_string(r.getId())};
@@ -594,6 +613,40 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
 
     case wire::Request::WAIT_EVENTS:
       return WaitEvents(req.getSeq(), req.getWaitEvents(), replied);
+
+    case wire::Request::CREATE_IMAGE:
+      return CreateImage(req.getCreateImage());
+
+    case wire::Request::CREATE_SAMPLER: {
+      auto r = req.getCreateSampler();
+      if (samplers_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "sampler id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      cl_int err = CL_SUCCESS;
+      cl_sampler smp = cl_.clCreateSampler(ctx->ctx->h, r.getNormalizedCoords() ? CL_TRUE : CL_FALSE,
+                                           r.getAddressingMode(), r.getFilterMode(), &err);
+      if (smp == nullptr) return {err, "clCreateSampler failed"};
+      samplers_[r.getId()] = Adopt(smp);
+      return {};
+    }
+
+    case wire::Request::IMAGE_FORMATS: {
+      auto r = req.getImageFormats();
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      cl_uint n = 0;
+      cl_int err = cl_.clGetSupportedImageFormats(ctx->ctx->h, r.getFlags(), r.getImageType(), 0,
+                                                  nullptr, &n);
+      if (err != CL_SUCCESS) return {err, "clGetSupportedImageFormats failed"};
+      std::vector<cl_image_format> formats(std::min<cl_uint>(n, 4096));
+      if (!formats.empty()) {
+        err = cl_.clGetSupportedImageFormats(ctx->ctx->h, r.getFlags(), r.getImageType(),
+                                             static_cast<cl_uint>(formats.size()), formats.data(),
+                                             nullptr);
+        if (err != CL_SUCCESS) return {err, "clGetSupportedImageFormats failed"};
+      }
+      root.setInfo(kj::arrayPtr(reinterpret_cast<const kj::byte*>(formats.data()),
+                                formats.size() * sizeof(cl_image_format)));
+      return {};
+    }
 
     case wire::Request::STATS: {
       auto s = root.initStats();
@@ -662,6 +715,12 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
     }
     case wire::ObjectKind::MEM: {
       GMUX_LOOKUP(m, mems_, id, CL_INVALID_MEM_OBJECT, "mem");
+      if (p >= CL_IMAGE_FORMAT && p <= CL_IMAGE_NUM_SAMPLES) {
+        if (!m->image) return {CL_INVALID_MEM_OBJECT, "not an image"};
+        return query([&](size_t s, void* v, size_t* o) {
+          return cl_.clGetImageInfo(m->mem->h, p, s, v, o);
+        });
+      }
       return query([&](size_t s, void* v, size_t* o) {
         return cl_.clGetMemObjectInfo(m->mem->h, p, s, v, o);
       });
@@ -794,9 +853,10 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
         return fail({CL_INVALID_KERNEL_ARGS, "argument count does not match the kernel"});
       }
       struct Arg {
-        int kind;  // 0 value, 1 mem, 2 null mem, 3 local
+        int kind;  // 0 value, 1 mem, 2 null mem, 3 local, 4 sampler
         std::vector<uint8_t> bytes;
         Ref<cl_mem> mem;
+        Ref<cl_sampler> sampler;
         size_t local = 0;
       };
       std::vector<Arg> args(k->num_args);
@@ -826,6 +886,17 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
             args[i].kind = 3;
             args[i].local = a.getLocal();
             break;
+          case wire::KernelArg::SAMPLER: {
+            auto it = samplers_.find(a.getSampler());
+            if (it == samplers_.end()) {
+              return fail({CL_INVALID_SAMPLER, "argument " + std::to_string(i) +
+                                                   ": unknown sampler id " +
+                                                   std::to_string(a.getSampler())});
+            }
+            args[i].kind = 4;
+            args[i].sampler = it->second;
+            break;
+          }
         }
       }
       std::array<size_t, 3> off{0, 0, 0}, gs{1, 1, 1}, ls{0, 0, 0};
@@ -879,6 +950,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
             case 0: err = d.clSetKernelArg(kernel->h, i, args[i].bytes.size(), args[i].bytes.data()); break;
             case 1: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), &args[i].mem->h); break;
             case 2: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), nullptr); break;
+            case 4: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_sampler), &args[i].sampler->h); break;
             default: err = d.clSetKernelArg(kernel->h, i, args[i].local, nullptr); break;
           }
           if (err != CL_SUCCESS) return err;
@@ -953,27 +1025,9 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
         }
         host_bytes = rb.getSize();
       }
-      if (core_->bulk_bytes.load() + host_bytes > options_.max_bulk_bytes_per_session) {
-        return fail({CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit"});
-      }
       std::shared_ptr<HostBuffer> staging;
       const bool shm = rb.getShm();
-      if (shm) {
-        // The device writes straight into the client's memory: no copy on the daemon.
-        if (passed_fd_ < 0) return fail({CL_INVALID_VALUE, "shared-memory read without a descriptor"});
-        int fd = passed_fd_;
-        passed_fd_ = -1;
-        auto mapped = MapShared(fd, host_bytes);
-        if (!mapped.ok()) return fail({CL_INVALID_VALUE, mapped.status().message()});
-        staging = *mapped;
-      } else {
-        try {
-          staging = std::make_shared<HostBuffer>(host_bytes);
-        } catch (const std::bad_alloc&) {
-          return fail({CL_OUT_OF_HOST_MEMORY, "cannot stage the read"});
-        }
-      }
-      core_->bulk_bytes.fetch_add(host_bytes);
+      if (Err e = StageRead(host_bytes, shm, /*zero=*/rect, staging); !e.ok()) return fail(e);
       uint64_t off = rb.getOffset();
       cmd->run = [mem = m->mem, staging, off, rect, ra](cl_command_queue cq,
                                                         const std::vector<cl_event>& w,
@@ -989,35 +1043,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
                                      static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(),
                                      out);
       };
-      cmd->finished = [core = core_, staging, seq, shm](cl_int status) {
-        if (status != CL_COMPLETE) {
-          core->SendStatus(seq, status, "read failed");
-        } else if (shm) {
-          core->SendStatus(seq, CL_SUCCESS, "");
-        } else {
-          size_t at = 0;
-          do {
-            size_t n = std::min(proto::kBulkChunkBytes, staging->size() - at);
-            capnp::MallocMessageBuilder b;
-            auto rep = b.initRoot<wire::Reply>();
-            rep.setSeq(seq);
-            auto rd = rep.initReadData();
-            rd.setOffset(at);
-            if (n % sizeof(capnp::word) == 0) {
-              // Chunks start at multiples of the chunk size in an operator new[] block, so they
-              // are word-aligned: send them without copying into the message.
-              rd.adoptData(b.getOrphanage().referenceExternalData(
-                  capnp::Data::Reader(staging->data() + at, n)));
-            } else {
-              rd.setData(kj::arrayPtr(staging->data() + at, n));
-            }
-            rd.setLast(at + n == staging->size());
-            core->Send(b);
-            at += n;
-          } while (at < staging->size());
-        }
-        core->bulk_bytes.fetch_sub(staging->size());
-      };
+      cmd->finished = ReadFinished(core_, staging, seq, shm);
       cmd->block.kind = core::BlockKind::kCopy;
       cmd->block.bytes = host_bytes;
       replied = true;  // the data (or the error) is the reply
@@ -1097,6 +1123,15 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       break;
     }
 
+    case wire::Enqueue::READ_IMAGE:
+    case wire::Enqueue::WRITE_IMAGE:
+    case wire::Enqueue::COPY_IMAGE:
+    case wire::Enqueue::FILL_IMAGE:
+    case wire::Enqueue::COPY_IMAGE_TO_BUFFER:
+    case wire::Enqueue::COPY_BUFFER_TO_IMAGE:
+      if (Err e = EnqueueImage(seq, r, *cmd, replied); !e.ok()) return fail(e);
+      break;
+
     default:
       return fail({CL_INVALID_OPERATION, "unknown command"});
   }
@@ -1105,6 +1140,263 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
   if (r.getKeepEvent()) events_[event_id] = event;
   to_submit_.push_back(std::move(cmd));
   return {};
+}
+
+Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
+                                std::shared_ptr<HostBuffer>& out) {
+  if (core_->bulk_bytes.load() + host_bytes > options_.max_bulk_bytes_per_session) {
+    return {CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit"};
+  }
+  if (shm) {
+    // The device writes straight into the client's memory: no copy on the daemon.
+    if (passed_fd_ < 0) return {CL_INVALID_VALUE, "shared-memory read without a descriptor"};
+    int fd = passed_fd_;
+    passed_fd_ = -1;
+    auto mapped = MapShared(fd, host_bytes);
+    if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
+    out = *mapped;
+  } else {
+    try {
+      out = std::make_shared<HostBuffer>(host_bytes);
+    } catch (const std::bad_alloc&) {
+      return {CL_OUT_OF_HOST_MEMORY, "cannot stage the read"};
+    }
+    if (zero) std::memset(out->data(), 0, host_bytes);
+  }
+  core_->bulk_bytes.fetch_add(host_bytes);
+  return {};
+}
+
+std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> core,
+                                                  std::shared_ptr<HostBuffer> staging,
+                                                  uint64_t seq, bool shm) {
+  return [core = std::move(core), staging = std::move(staging), seq, shm](cl_int status) {
+    if (status != CL_COMPLETE) {
+      core->SendStatus(seq, status, "read failed");
+    } else if (shm) {
+      core->SendStatus(seq, CL_SUCCESS, "");
+    } else {
+      size_t at = 0;
+      do {
+        size_t n = std::min(proto::kBulkChunkBytes, staging->size() - at);
+        capnp::MallocMessageBuilder b;
+        auto rep = b.initRoot<wire::Reply>();
+        rep.setSeq(seq);
+        auto rd = rep.initReadData();
+        rd.setOffset(at);
+        if (n % sizeof(capnp::word) == 0) {
+          // Chunks start at multiples of the chunk size in an operator new[] block, so they
+          // are word-aligned: send them without copying into the message.
+          rd.adoptData(b.getOrphanage().referenceExternalData(
+              capnp::Data::Reader(staging->data() + at, n)));
+        } else {
+          rd.setData(kj::arrayPtr(staging->data() + at, n));
+        }
+        rd.setLast(at + n == staging->size());
+        core->Send(b);
+        at += n;
+      } while (at < staging->size());
+    }
+    core->bulk_bytes.fetch_sub(staging->size());
+  };
+}
+
+Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
+  if (mems_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "mem id in use"};
+  GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+  auto d = r.getDesc();
+  cl_image_format format{r.getChannelOrder(), r.getChannelDataType()};
+  size_t element_bytes = proto::ImageElementBytes(format.image_channel_order,
+                                                  format.image_channel_data_type);
+  if (element_bytes == 0) return {CL_IMAGE_FORMAT_NOT_SUPPORTED, "unknown image format"};
+  cl_image_desc desc{};
+  desc.image_type = d.getType();
+  desc.image_width = d.getWidth();
+  desc.image_height = d.getHeight();
+  desc.image_depth = d.getDepth();
+  desc.image_array_size = d.getArraySize();
+  if (d.getBuffer() != 0) {
+    GMUX_LOOKUP(b, mems_, d.getBuffer(), CL_INVALID_IMAGE_DESCRIPTOR, "mem");
+    if (b->image) return {CL_INVALID_IMAGE_DESCRIPTOR, "an image buffer must be a buffer"};
+    desc.buffer = b->mem->h;
+  }
+  cl_mem_flags flags = r.getFlags() & ~static_cast<cl_mem_flags>(
+                                          CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR |
+                                          CL_MEM_ALLOC_HOST_PTR);
+  std::shared_ptr<Bulk> init;
+  if (r.getInitialData() != 0) {
+    size_t region[3];
+    proto::ImageFullRegion(desc.image_type, desc.image_width, desc.image_height, desc.image_depth,
+                           desc.image_array_size, region);
+    uint64_t bytes = 0;
+    if (!proto::ImageHostBytes(desc.image_type, region, element_bytes, d.getRowPitch(),
+                               d.getSlicePitch(), bytes)) {
+      return {CL_INVALID_IMAGE_SIZE, "image size or pitches invalid"};
+    }
+    Err e = TakeBulk(r.getInitialData(), bytes, init);
+    if (!e.ok()) return e;
+    flags |= CL_MEM_COPY_HOST_PTR;
+    desc.image_row_pitch = d.getRowPitch();
+    desc.image_slice_pitch = d.getSlicePitch();
+  }
+  cl_int err = CL_SUCCESS;
+  cl_mem m = cl_.clCreateImage(ctx->ctx->h, flags, &format, &desc,
+                               init ? init->bytes.data() : nullptr, &err);
+  if (init) core_->bulk_bytes.fetch_sub(init->bytes.size());
+  if (m == nullptr) return {err, "clCreateImage failed"};
+  MemObj mo;
+  mo.mem = Adopt(m);
+  mo.image = true;
+  mo.image_type = static_cast<uint32_t>(desc.image_type);
+  mo.element_bytes = element_bytes;
+  mems_[r.getId()] = std::move(mo);
+  return {};
+}
+
+Session::Err Session::EnqueueImage(uint64_t seq, wire::Enqueue::Reader r, Command& cmd,
+                                   bool& replied) {
+  auto image = [&](uint64_t id, MemObj*& out) -> Err {
+    auto it = mems_.find(id);
+    if (it == mems_.end()) return {CL_INVALID_MEM_OBJECT, "unknown mem id " + std::to_string(id)};
+    if (!it->second.image) return {CL_INVALID_MEM_OBJECT, "mem " + std::to_string(id) + " is not an image"};
+    out = &it->second;
+    return {};
+  };
+  auto buffer = [&](uint64_t id, MemObj*& out) -> Err {
+    auto it = mems_.find(id);
+    if (it == mems_.end() || it->second.image) {
+      return {CL_INVALID_MEM_OBJECT, "unknown buffer id " + std::to_string(id)};
+    }
+    out = &it->second;
+    return {};
+  };
+  auto waits = [](const std::vector<cl_event>& w) {
+    return std::pair<cl_uint, const cl_event*>(static_cast<cl_uint>(w.size()),
+                                               w.empty() ? nullptr : w.data());
+  };
+  cmd.block.kind = core::BlockKind::kCopy;
+  MemObj* img = nullptr;
+  MemObj* buf = nullptr;
+  switch (r.which()) {
+    case wire::Enqueue::READ_IMAGE: {
+      auto ri = r.getReadImage();
+      if (seq == 0) return {CL_INVALID_VALUE, "a read needs a seq"};
+      if (Err e = image(ri.getMem(), img); !e.ok()) return e;
+      ImageRegion ir;
+      size_t rp = ri.getRowPitch(), sp = ri.getSlicePitch();
+      if (!DecodeImageRegion(ri.getOrigin(), ri.getRegion(), img->image_type, img->element_bytes,
+                             rp, sp, ir)) {
+        return {CL_INVALID_VALUE, "image region or pitches malformed"};
+      }
+      std::shared_ptr<HostBuffer> staging;
+      const bool shm = ri.getShm();
+      // Pitches may leave gaps the device never writes: zero them rather than send stale heap.
+      if (Err e = StageRead(ir.host_bytes, shm, /*zero=*/rp != 0 || sp != 0, staging); !e.ok()) {
+        return e;
+      }
+      cmd.run = [mem = img->mem, staging, ir, rp, sp, waits](cl_command_queue cq,
+                                                             const std::vector<cl_event>& w,
+                                                             cl_event* out) {
+        auto [n, list] = waits(w);
+        return Dispatch(cq).clEnqueueReadImage(cq, mem->h, CL_FALSE, ir.origin, ir.region, rp, sp,
+                                               staging->data(), n, list, out);
+      };
+      cmd.finished = ReadFinished(core_, staging, seq, shm);
+      cmd.block.bytes = ir.host_bytes;
+      replied = true;
+      return {};
+    }
+    case wire::Enqueue::WRITE_IMAGE: {
+      auto wi = r.getWriteImage();
+      if (Err e = image(wi.getMem(), img); !e.ok()) return e;
+      ImageRegion ir;
+      size_t rp = wi.getRowPitch(), sp = wi.getSlicePitch();
+      if (!DecodeImageRegion(wi.getOrigin(), wi.getRegion(), img->image_type, img->element_bytes,
+                             rp, sp, ir)) {
+        return {CL_INVALID_VALUE, "image region or pitches malformed"};
+      }
+      std::shared_ptr<Bulk> data;
+      if (Err e = TakeBulk(wi.getBulk(), ir.host_bytes, data); !e.ok()) return e;
+      cmd.run = [mem = img->mem, data, ir, rp, sp, waits](cl_command_queue cq,
+                                                          const std::vector<cl_event>& w,
+                                                          cl_event* out) {
+        auto [n, list] = waits(w);
+        return Dispatch(cq).clEnqueueWriteImage(cq, mem->h, CL_FALSE, ir.origin, ir.region, rp, sp,
+                                                data->bytes.data(), n, list, out);
+      };
+      cmd.finished = [core = core_, data, seq](cl_int status) {
+        core->bulk_bytes.fetch_sub(data->bytes.size());
+        if (seq != 0) core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
+      };
+      cmd.block.bytes = ir.host_bytes;
+      replied = seq != 0;
+      return {};
+    }
+    case wire::Enqueue::COPY_IMAGE: {
+      auto ci = r.getCopyImage();
+      MemObj* dst = nullptr;
+      if (Err e = image(ci.getSrc(), img); !e.ok()) return e;
+      if (Err e = image(ci.getDst(), dst); !e.ok()) return e;
+      std::array<size_t, 3> so{}, d_o{}, reg{};
+      if (!Triple(ci.getSrcOrigin(), so.data()) || !Triple(ci.getDstOrigin(), d_o.data()) ||
+          !Triple(ci.getRegion(), reg.data())) {
+        return {CL_INVALID_VALUE, "image region malformed"};
+      }
+      cmd.run = [s = img->mem, t = dst->mem, so, d_o, reg, waits](
+                    cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+        auto [n, list] = waits(w);
+        return Dispatch(cq).clEnqueueCopyImage(cq, s->h, t->h, so.data(), d_o.data(), reg.data(),
+                                               n, list, out);
+      };
+      cmd.block.bytes = reg[0] * reg[1] * reg[2] * img->element_bytes;
+      return {};
+    }
+    case wire::Enqueue::FILL_IMAGE: {
+      auto fi = r.getFillImage();
+      if (Err e = image(fi.getMem(), img); !e.ok()) return e;
+      std::array<size_t, 3> org{}, reg{};
+      std::array<uint8_t, 16> color{};
+      if (fi.getColor().size() != color.size() || !Triple(fi.getOrigin(), org.data()) ||
+          !Triple(fi.getRegion(), reg.data())) {
+        return {CL_INVALID_VALUE, "fill color or region malformed"};
+      }
+      std::memcpy(color.data(), fi.getColor().begin(), color.size());
+      cmd.run = [mem = img->mem, color, org, reg, waits](cl_command_queue cq,
+                                                         const std::vector<cl_event>& w,
+                                                         cl_event* out) {
+        auto [n, list] = waits(w);
+        return Dispatch(cq).clEnqueueFillImage(cq, mem->h, color.data(), org.data(), reg.data(),
+                                               n, list, out);
+      };
+      cmd.block.bytes = reg[0] * reg[1] * reg[2] * img->element_bytes;
+      return {};
+    }
+    case wire::Enqueue::COPY_IMAGE_TO_BUFFER:
+    case wire::Enqueue::COPY_BUFFER_TO_IMAGE: {
+      const bool to_buffer = r.isCopyImageToBuffer();
+      auto cb = to_buffer ? r.getCopyImageToBuffer() : r.getCopyBufferToImage();
+      if (Err e = image(cb.getImage(), img); !e.ok()) return e;
+      if (Err e = buffer(cb.getBuffer(), buf); !e.ok()) return e;
+      std::array<size_t, 3> org{}, reg{};
+      if (!Triple(cb.getOrigin(), org.data()) || !Triple(cb.getRegion(), reg.data())) {
+        return {CL_INVALID_VALUE, "image region malformed"};
+      }
+      size_t off = cb.getOffset();
+      cmd.run = [i = img->mem, b = buf->mem, org, reg, off, to_buffer, waits](
+                    cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+        auto [n, list] = waits(w);
+        const cl_icd_dispatch& dp = Dispatch(cq);
+        return to_buffer ? dp.clEnqueueCopyImageToBuffer(cq, i->h, b->h, org.data(), reg.data(),
+                                                         off, n, list, out)
+                         : dp.clEnqueueCopyBufferToImage(cq, b->h, i->h, off, org.data(),
+                                                         reg.data(), n, list, out);
+      };
+      cmd.block.bytes = reg[0] * reg[1] * reg[2] * img->element_bytes;
+      return {};
+    }
+    default:
+      return {CL_INVALID_OPERATION, "unknown command"};
+  }
 }
 
 void Session::SubmitPending() {

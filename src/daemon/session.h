@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,6 +60,7 @@ struct SessionCore {
   uint64_t id = 0;
   TenantId tenant = 0;
   std::string tenant_name;
+  bool tcp = false;  // a TCP client: bulk data only inline, never shared memory
   proto::FrameLimits limits;
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session
@@ -99,7 +101,10 @@ class Session {
   };
   struct MemObj {
     Ref<cl_mem> mem;
-    uint64_t size = 0;
+    uint64_t size = 0;       // buffers; 0 for images, so every buffer range check fails on them
+    bool image = false;
+    uint32_t image_type = 0;  // cl_mem_object_type of an image
+    size_t element_bytes = 0;
   };
   struct ProgramObj {
     Ref<cl_program> program;
@@ -132,6 +137,16 @@ class Session {
   Err Finish(uint64_t seq, uint64_t queue, bool& replied);
   Err WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied);
   Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out);
+  Err CreateImage(proto::wire::CreateImage::Reader r);
+  // Host memory a read of `host_bytes` lands in: the client's shared memory passed with the
+  // request (`shm`), else a fresh staging buffer (zero-filled with `zero`, for layouts with gaps
+  // the device does not write). Counts against the session's staging limit.
+  Err StageRead(uint64_t host_bytes, bool shm, bool zero, std::shared_ptr<HostBuffer>& out);
+  // The completion of a read: the data (or the error) is the reply to `seq`.
+  static std::function<void(cl_int)> ReadFinished(std::shared_ptr<SessionCore> core,
+                                                  std::shared_ptr<HostBuffer> staging,
+                                                  uint64_t seq, bool shm);
+  Err EnqueueImage(uint64_t seq, proto::wire::Enqueue::Reader r, Command& cmd, bool& replied);
   Result<cl_device_id> DeviceFor(uint64_t id) const;
   void Track(QueueObj& q, const std::shared_ptr<EventRecord>& ev);
 
@@ -147,6 +162,7 @@ class Session {
   std::unordered_map<uint64_t, ProgramObj> programs_;
   std::unordered_map<uint64_t, KernelObj> kernels_;
   std::unordered_map<uint64_t, std::shared_ptr<EventRecord>> events_;
+  std::unordered_map<uint64_t, Ref<cl_sampler>> samplers_;
   std::unordered_map<uint64_t, std::shared_ptr<Bulk>> bulk_;
   // Commands decoded but not yet handed to the scheduler: while more requests are already
   // waiting in the socket, commands are handed over together (one hand-over per batch).

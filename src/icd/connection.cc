@@ -1,6 +1,9 @@
 #include "icd/connection.h"
 
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -22,6 +25,17 @@ constexpr int kConnectTimeoutMs = 2000;
 constexpr int kHandshakeTimeoutS = 5;
 constexpr const char* kDefaultSocket = "/run/gmux/gmuxd.sock";
 
+// Waits for a non-blocking connect to finish; true when it succeeded.
+bool FinishConnect(int fd, int r) {
+  if (r == 0) return true;
+  if (errno != EAGAIN && errno != EINPROGRESS) return false;
+  pollfd p{fd, POLLOUT, 0};
+  int err = 0;
+  socklen_t len = sizeof(err);
+  return ::poll(&p, 1, kConnectTimeoutMs) == 1 &&
+         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+}
+
 int ConnectUnix(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return -1;
@@ -29,21 +43,44 @@ int ConnectUnix(const std::string& path) {
   if (fd < 0) return -1;
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  int r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  if (r != 0 && errno == EAGAIN) {
-    pollfd p{fd, POLLOUT, 0};
-    int err = 0;
-    socklen_t len = sizeof(err);
-    if (::poll(&p, 1, kConnectTimeoutMs) == 1 &&
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
-      r = 0;
-    }
-  }
-  if (r != 0) {
+  if (!FinishConnect(fd, ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)))) {
     ::close(fd);
     return -1;
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+// Connects to "HOST:PORT" ("[V6]:PORT"), trying each address; -1 on failure.
+int ConnectTcp(const std::string& address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return -1;
+  std::string host = address.substr(0, colon);
+  std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return -1;
+  int fd = -1;
+  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
+    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) continue;
+    if (!FinishConnect(fd, ::connect(fd, ai->ai_addr, ai->ai_addrlen))) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (fd < 0) return -1;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  // Small requests (a batch, a blocking call) must leave at once, not wait for Nagle.
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return fd;
 }
 
@@ -58,14 +95,20 @@ Connection* Connection::Get() {
 }
 
 Connection* Connection::Connect() {
-  std::string path = kDefaultSocket;
+  // GMUX_SOCKET wins, then GMUX_ADDRESS (TCP, identified by GMUX_TOKEN), then the default
+  // socket.
+  int fd = -1;
+  bool tcp = false;
+  std::string token;
   if (const char* s = std::getenv("GMUX_SOCKET"); s != nullptr && *s != '\0') {
-    path = s;
+    fd = ConnectUnix(s);
   } else if (const char* a = std::getenv("GMUX_ADDRESS"); a != nullptr && *a != '\0') {
-    // TCP transport is not implemented yet: report no daemon rather than guess.
-    return nullptr;
+    tcp = true;
+    fd = ConnectTcp(a);
+    if (const char* t = std::getenv("GMUX_TOKEN"); t != nullptr) token = t;
+  } else {
+    fd = ConnectUnix(kDefaultSocket);
   }
-  int fd = ConnectUnix(path);
   if (fd < 0) return nullptr;
   timeval tv{kHandshakeTimeoutS, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -78,6 +121,7 @@ Connection* Connection::Connect() {
   h.setProtocolVersion(proto::kProtocolVersion);
   h.setPid(static_cast<uint32_t>(::getpid()));
   h.setClientName("libgmux-icd");
+  if (tcp) h.setToken(token);
   if (!proto::WriteFrame(fd, proto::FrameKind::kRequest, b).ok()) {
     ::close(fd);
     return nullptr;
@@ -109,7 +153,8 @@ Connection* Connection::Connect() {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
   conn->fd_ = fd;
-  if (const char* e = std::getenv("GMUX_SHM"); e != nullptr && std::strcmp(e, "0") == 0) {
+  // Descriptors cannot cross TCP: bulk data goes inline there.
+  if (const char* e = std::getenv("GMUX_SHM"); tcp || (e != nullptr && std::strcmp(e, "0") == 0)) {
     conn->shm_enabled_ = false;
   }
   std::thread([conn] { conn->ReceiveLoop(); }).detach();

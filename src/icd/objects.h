@@ -27,6 +27,7 @@ enum class Kind : uint32_t {
   kProgram,
   kKernel,
   kEvent,
+  kSampler,
   kDead = 0xdeadbeef,
 };
 
@@ -71,6 +72,11 @@ struct Mapping {
   size_t size = 0;
   cl_map_flags flags = 0;
   bool owned = false;  // allocated by the ICD (freed at unmap)
+  // Images: the mapped region and the host layout of `ptr`.
+  size_t origin[3] = {0, 0, 0};
+  size_t region[3] = {0, 0, 0};
+  size_t row_pitch = 0;
+  size_t slice_pitch = 0;
 };
 
 struct _cl_mem : gmux::icd::ObjectHeader {
@@ -83,6 +89,21 @@ struct _cl_mem : gmux::icd::ObjectHeader {
   size_t origin = 0;
   std::mutex mu;  // guards maps
   std::vector<Mapping> maps;
+  // Images (type != CL_MEM_OBJECT_BUFFER): format, description (pitches of host_ptr for
+  // CL_MEM_USE_HOST_PTR) and the bytes of one pixel.
+  cl_mem_object_type type = CL_MEM_OBJECT_BUFFER;
+  cl_image_format format{};
+  cl_image_desc desc{};
+  size_t element_bytes = 0;
+  bool is_image() const { return type != CL_MEM_OBJECT_BUFFER; }
+};
+
+struct _cl_sampler : gmux::icd::ObjectHeader {
+  _cl_sampler() : ObjectHeader(gmux::icd::Kind::kSampler) {}
+  cl_context context = nullptr;
+  cl_bool normalized_coords = CL_FALSE;
+  cl_addressing_mode addressing = CL_ADDRESS_CLAMP;
+  cl_filter_mode filter = CL_FILTER_NEAREST;
 };
 
 struct _cl_program : gmux::icd::ObjectHeader {
@@ -93,9 +114,9 @@ struct _cl_program : gmux::icd::ObjectHeader {
 };
 
 struct KernelArgSlot {
-  enum Type { kUnset, kValue, kMem, kNullMem, kLocal } type = kUnset;
+  enum Type { kUnset, kValue, kMem, kNullMem, kLocal, kSampler } type = kUnset;
   std::vector<uint8_t> bytes;
-  uint64_t mem = 0;
+  uint64_t mem = 0;  // kMem: the mem id; kSampler: the sampler id
   size_t local = 0;
 };
 

@@ -20,6 +20,86 @@ enum ObjectKind {
   sampler @8;
 }
 
+# ---- images and samplers (served where the backend supports images) ----
+
+struct ImageDesc {
+  type @0 :UInt32;           # cl_mem_object_type
+  width @1 :UInt64;
+  height @2 :UInt64;
+  depth @3 :UInt64;
+  arraySize @4 :UInt64;
+  rowPitch @5 :UInt64;       # of the initial data; 0: tightly packed
+  slicePitch @6 :UInt64;
+  buffer @7 :UInt64;         # 1D image buffers: the buffer's mem id; 0: none
+}
+
+struct CreateImage {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  flags @2 :UInt64;
+  channelOrder @3 :UInt32;
+  channelDataType @4 :UInt32;
+  desc @5 :ImageDesc;
+  initialData @6 :UInt64;    # bulk token of the initial contents (laid out with desc's pitches)
+}
+
+struct CreateSampler {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  normalizedCoords @2 :Bool;
+  addressingMode @3 :UInt32;
+  filterMode @4 :UInt32;
+}
+
+struct ImageFormats {
+  context @0 :UInt64;
+  flags @1 :UInt64;
+  imageType @2 :UInt32;      # answered as `info`: an array of cl_image_format
+}
+
+# Host-side layout of an image region: rowPitch/slicePitch 0 take the tight defaults. For 1D
+# image arrays the slice pitch steps between array elements (as in OpenCL).
+struct ReadImage {
+  mem @0 :UInt64;
+  origin @1 :List(UInt64);   # 3 entries
+  region @2 :List(UInt64);
+  rowPitch @3 :UInt64;
+  slicePitch @4 :UInt64;
+  shm @5 :Bool;              # as ReadBuffer.shm
+}
+
+struct WriteImage {
+  mem @0 :UInt64;
+  origin @1 :List(UInt64);
+  region @2 :List(UInt64);
+  rowPitch @3 :UInt64;
+  slicePitch @4 :UInt64;
+  bulk @5 :UInt64;
+}
+
+struct CopyImage {
+  src @0 :UInt64;
+  dst @1 :UInt64;
+  srcOrigin @2 :List(UInt64);
+  dstOrigin @3 :List(UInt64);
+  region @4 :List(UInt64);
+}
+
+struct FillImage {
+  mem @0 :UInt64;
+  color @1 :Data;            # 16 bytes: float4, int4 or uint4 by the image's format
+  origin @2 :List(UInt64);
+  region @3 :List(UInt64);
+}
+
+struct CopyImageBuffer {     # image -> buffer or buffer -> image
+  image @0 :UInt64;
+  buffer @1 :UInt64;
+  origin @2 :List(UInt64);   # in the image
+  region @3 :List(UInt64);
+  offset @4 :UInt64;         # in the buffer
+}
+
 struct Hello {
   protocolVersion @0 :UInt32;
   clientName @1 :Text;
@@ -159,6 +239,7 @@ struct KernelArg {
     mem @2 :UInt64;        # a buffer id
     nullMem @3 :Void;      # a NULL buffer argument
     local @4 :UInt64;      # __local bytes
+    sampler @5 :UInt64;    # a sampler id
   }
 }
 
@@ -230,6 +311,12 @@ struct Enqueue {
     fillBuffer @8 :FillBuffer;
     marker @9 :Void;
     barrier @10 :Void;
+    readImage @11 :ReadImage;      # data returns as for readBuffer
+    writeImage @12 :WriteImage;
+    copyImage @13 :CopyImage;
+    fillImage @14 :FillImage;
+    copyImageToBuffer @15 :CopyImageBuffer;
+    copyBufferToImage @16 :CopyImageBuffer;
   }
 }
 
@@ -257,6 +344,9 @@ struct Request {
     finish @19 :UInt64;            # a queue id; answered when all its earlier commands are done
     waitEvents @20 :List(UInt64);  # answered when all are complete
     stats @21 :Void;               # daemon statistics (tests, `gmux status`)
+    createImage @22 :CreateImage;
+    createSampler @23 :CreateSampler;
+    imageFormats @24 :ImageFormats;
   }
 }
 

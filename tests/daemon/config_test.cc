@@ -58,6 +58,43 @@ TEST(DaemonConfigTest, ErrorsNameFileLineAndKey) {
   ASSERT_FALSE(dup.ok());
 }
 
+TEST(DaemonConfigTest, TcpListenerAndTokens) {
+  auto o = ParseDaemonConfig(R"(
+[daemon]
+listen = "127.0.0.1:7450"
+
+[tenants]
+unknown_tokens = "shared"
+default_tenant = "guests"
+
+[[tenant]]
+name = "alice"
+tokens = ["a-secret", "a-second"]
+)", "gmux.toml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->listen, "127.0.0.1:7450");
+  EXPECT_EQ(o->TenantForToken("a-second")->name, "alice");
+  EXPECT_EQ(o->TenantForToken("a-secre")->name, "guests");
+  EXPECT_EQ(o->TenantForToken("")->name, "guests");
+  o->unknown_tokens = UnknownTokens::kReject;
+  EXPECT_EQ(o->TenantForToken("nope").status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(o->TenantForToken("").status().code(), StatusCode::kPermissionDenied);
+
+  auto v6 = ParseListenAddress("[::1]:0");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 0);
+  for (const char* bad : {"7450", ":7450", "host:", "host:65536", "host:7x"}) {
+    EXPECT_FALSE(ParseListenAddress(bad).ok()) << bad;
+  }
+  auto err = ParseDaemonConfig("[daemon]\nlisten = \"localhost\"\n", "g.toml");
+  ASSERT_FALSE(err.ok());
+  EXPECT_NE(err.status().message().find("g.toml:2"), std::string::npos) << err.status().message();
+  auto dup = ParseDaemonConfig("[[tenant]]\nname = \"a\"\ntokens = [\"t\"]\n"
+                               "[[tenant]]\nname = \"b\"\ntokens = [\"t\"]\n", "g.toml");
+  EXPECT_FALSE(dup.ok());
+}
+
 TEST(DaemonConfigTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadDaemonConfig("/nonexistent/gmux.toml").status().code(), StatusCode::kNotFound);
 }

@@ -3,6 +3,8 @@
 // daemon keeps serving the others throughout.
 #include "daemon/server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -31,7 +33,35 @@ class RawClient {
     timeval tv{20, 0};  // a broken daemon fails the test instead of hanging it
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
+  // A TCP client of 127.0.0.1:port.
+  explicit RawClient(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    timeval tv{20, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
   ~RawClient() { Close(); }
+
+  // Sends hello with `token` and returns the reply's status; `tenant` receives the tenant name.
+  int32_t HelloWithToken(const std::string& token, std::string* tenant, std::string* message) {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Request>();
+    r.setSeq(1);
+    auto h = r.initHello();
+    h.setProtocolVersion(proto::kProtocolVersion);
+    h.setToken(token);
+    if (!Send(b).ok()) return INT32_MIN;
+    auto m = Read();
+    if (!m.ok()) return INT32_MIN;
+    auto rep = m->root<wire::Reply>();
+    if (rep.isHello()) *tenant = rep.getHello().getTenant();
+    *message = rep.getMessage();
+    return rep.getStatus();
+  }
   void Close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -314,6 +344,92 @@ TEST_F(ServerTest, ClientsDyingMidTransferLeakNothing) {
   EXPECT_EQ(probe.LiveBackendObjects(), baseline);
   long growth_kb = rss_kb() - rss_before;
   EXPECT_LT(growth_kb, 64 * 1024) << "daemon memory grew by " << growth_kb << " KiB";
+}
+
+// A daemon that also listens on TCP (127.0.0.1, port 0) with two token-identified tenants.
+class TcpServerTest : public ::testing::Test {
+ protected:
+  void StartServer(UnknownTokens unknown) {
+    char tmpl[] = "/tmp/gmux-daemon-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    DaemonOptions o;
+    o.socket_path = dir_ + "/gmuxd.sock";
+    o.listen = "127.0.0.1:0";
+    o.unknown_tokens = unknown;
+    o.default_tenant = "guests";
+    o.tenants = {{"alice", 2.0, {}, {"alice-secret"}}, {"bob", 1.0, {}, {"bob-secret", "bob-2"}}};
+    auto s = Server::Create(o);
+    if (!s.ok() && s.status().code() != StatusCode::kInvalidArgument) {
+      GTEST_SKIP() << "no OpenCL backend: " << s.status().ToString();
+    }
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_NE(server_->tcp_port(), 0);
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::string dir_;
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(TcpServerTest, TokensNameTheirTenants) {
+  StartServer(UnknownTokens::kReject);
+  std::string tenant, msg;
+  RawClient a(server_->tcp_port());
+  ASSERT_TRUE(a.connected());
+  ASSERT_EQ(a.HelloWithToken("alice-secret", &tenant, &msg), 0) << msg;
+  EXPECT_EQ(tenant, "alice");
+  EXPECT_EQ(a.CreateContext(1), 0);
+  RawClient b(server_->tcp_port());
+  ASSERT_EQ(b.HelloWithToken("bob-2", &tenant, &msg), 0) << msg;
+  EXPECT_EQ(tenant, "bob");
+}
+
+TEST_F(TcpServerTest, UnknownOrMissingTokensAreRejected) {
+  StartServer(UnknownTokens::kReject);
+  std::string tenant, msg;
+  for (const char* token : {"alice-secreT", "alice-secret-", "", "bob"}) {
+    RawClient c(server_->tcp_port());
+    ASSERT_TRUE(c.connected());
+    EXPECT_EQ(c.HelloWithToken(token, &tenant, &msg), CL_INVALID_OPERATION) << token;
+    EXPECT_NE(msg.find("token"), std::string::npos) << msg;
+    EXPECT_FALSE(c.Read().ok());  // and the connection is closed
+  }
+  // The Unix socket is unaffected: local peers still get their own tenant.
+  RawClient local(dir_ + "/gmuxd.sock");
+  EXPECT_EQ(local.Hello(), 0);
+}
+
+TEST_F(TcpServerTest, UnknownTokensCanShareTheDefaultTenant) {
+  StartServer(UnknownTokens::kShared);
+  std::string tenant, msg;
+  RawClient c(server_->tcp_port());
+  ASSERT_EQ(c.HelloWithToken("whoever", &tenant, &msg), 0) << msg;
+  EXPECT_EQ(tenant, "guests");
+  EXPECT_EQ(c.CreateContext(1), 0);
+  RawClient a(server_->tcp_port());
+  ASSERT_EQ(a.HelloWithToken("alice-secret", &tenant, &msg), 0) << msg;
+  EXPECT_EQ(tenant, "alice");
+}
+
+TEST_F(TcpServerTest, SharedMemoryIsRefusedOverTcp) {
+  StartServer(UnknownTokens::kReject);
+  std::string tenant, msg;
+  RawClient c(server_->tcp_port());
+  ASSERT_EQ(c.HelloWithToken("alice-secret", &tenant, &msg), 0) << msg;
+  capnp::MallocMessageBuilder b;
+  auto bb = b.initRoot<wire::Request>().initBulkBegin();
+  bb.setToken(5);
+  bb.setSize(1 << 20);
+  bb.setShm(true);
+  EXPECT_EQ(c.Call(b), CL_INVALID_VALUE);
+  EXPECT_EQ(c.CreateContext(1), 0);  // still served
 }
 
 }  // namespace

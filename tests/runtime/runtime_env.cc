@@ -22,6 +22,8 @@ std::string RuntimeEnv::dir;
 std::string RuntimeEnv::socket;
 int RuntimeEnv::daemon_pid = -1;
 bool RuntimeEnv::start_daemon = true;
+bool RuntimeEnv::tcp = false;
+int RuntimeEnv::tcp_port = 0;
 
 namespace {
 
@@ -38,6 +40,11 @@ bool CanConnect(const std::string& path) {
 class DaemonEnvironment : public ::testing::Environment {
  public:
   void SetUp() override {
+    // A child process a test started (e.g. with another token) keeps its parent's environment.
+    if (std::getenv("GMUX_TEST_CHILD") != nullptr) {
+      RuntimeEnv::start_daemon = false;
+      return;
+    }
     char tmpl[] = "/tmp/gmux-rt-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     RuntimeEnv::dir = tmpl;
@@ -55,6 +62,13 @@ class DaemonEnvironment : public ::testing::Environment {
     ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
     ::setenv("GMUX_SOCKET", RuntimeEnv::socket.c_str(), 1);
     if (!RuntimeEnv::start_daemon) return;
+    // TCP mode: a config giving the test token its own tenant, and a file for the bound port.
+    std::string config = RuntimeEnv::dir + "/gmuxd.toml";
+    std::string port_file = RuntimeEnv::dir + "/tcp-port";
+    if (RuntimeEnv::tcp) {
+      std::ofstream(config) << "[[tenant]]\nname = \"" << kTcpTenant << "\"\ntokens = [\""
+                            << kTcpToken << "\"]\n";
+    }
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
@@ -64,17 +78,32 @@ class DaemonEnvironment : public ::testing::Environment {
         ::dup2(fd, 2);
         ::dup2(fd, 1);
       }
-      ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", RuntimeEnv::socket.c_str(), "--exit-after",
-              "300", static_cast<char*>(nullptr));
+      if (RuntimeEnv::tcp) {
+        ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", RuntimeEnv::socket.c_str(), "--config",
+                config.c_str(), "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(),
+                "--exit-after", "300", static_cast<char*>(nullptr));
+      } else {
+        ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", RuntimeEnv::socket.c_str(), "--exit-after",
+                "300", static_cast<char*>(nullptr));
+      }
       ::_exit(127);
     }
     RuntimeEnv::daemon_pid = pid;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!CanConnect(RuntimeEnv::socket)) {
+    while (!CanConnect(RuntimeEnv::socket) ||
+           (RuntimeEnv::tcp && !std::filesystem::exists(port_file))) {
       int status = 0;
       ASSERT_EQ(::waitpid(pid, &status, WNOHANG), 0) << "gmuxd exited during start-up";
       ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "gmuxd did not start";
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (RuntimeEnv::tcp) {
+      std::ifstream(port_file) >> RuntimeEnv::tcp_port;
+      ASSERT_GT(RuntimeEnv::tcp_port, 0);
+      std::string address = "127.0.0.1:" + std::to_string(RuntimeEnv::tcp_port);
+      ::unsetenv("GMUX_SOCKET");
+      ::setenv("GMUX_ADDRESS", address.c_str(), 1);
+      ::setenv("GMUX_TOKEN", kTcpToken, 1);
     }
   }
 
@@ -90,7 +119,7 @@ class DaemonEnvironment : public ::testing::Environment {
       ::waitpid(RuntimeEnv::daemon_pid, &status, WNOHANG);
     }
     std::error_code ec;
-    std::filesystem::remove_all(RuntimeEnv::dir, ec);
+    if (!RuntimeEnv::dir.empty()) std::filesystem::remove_all(RuntimeEnv::dir, ec);
   }
 };
 
@@ -160,6 +189,9 @@ int main(int argc, char** argv) {
 #endif
 #ifdef GMUX_TEST_NO_DAEMON
   gmux::testing::RuntimeEnv::start_daemon = false;
+#endif
+#ifdef GMUX_TEST_TCP
+  gmux::testing::RuntimeEnv::tcp = true;
 #endif
   ::testing::AddGlobalTestEnvironment(new gmux::testing::DaemonEnvironment());
   return RUN_ALL_TESTS();

@@ -17,7 +17,14 @@ struct RuntimeEnv {
   static std::string socket;  // gmuxd's socket
   static int daemon_pid;
   static bool start_daemon;   // false in tests of the no-daemon behaviour
+  // TCP mode (tests built with GMUX_TEST_TCP): gmuxd also listens on 127.0.0.1, port 0, and
+  // the ICD reaches it through GMUX_ADDRESS with the token kTcpToken.
+  static bool tcp;
+  static int tcp_port;
 };
+
+inline const char* kTcpToken = "test-token-7f3a";
+inline const char* kTcpTenant = "tcp-tenant";
 
 // A platform whose name contains `name` ("gmux", "Portable"), or nullptr.
 cl_platform_id FindPlatform(const std::string& name);

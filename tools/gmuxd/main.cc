@@ -13,10 +13,14 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"gmuxd: shares OpenCL devices among tenants"};
-  std::string config_path, socket_path, backend_library;
+  std::string config_path, socket_path, backend_library, listen, port_file;
   double exit_after_s = 0;
   app.add_option("--config", config_path, "TOML config file (every key optional)");
   app.add_option("--socket", socket_path, "Unix socket to listen on (overrides the config)");
+  app.add_option("--listen", listen,
+                 "also listen on TCP at HOST:PORT (overrides the config; port 0 picks one)");
+  app.add_option("--port-file", port_file,
+                 "write the TCP port bound to this file once listening (with --listen port 0)");
   app.add_option("--backend-library", backend_library,
                  "vendor ICD library to serve (overrides the config)");
   app.add_option("--exit-after", exit_after_s,
@@ -34,6 +38,7 @@ int main(int argc, char** argv) {
     options = std::move(loaded).value();
   }
   if (!socket_path.empty()) options.socket_path = socket_path;
+  if (!listen.empty()) options.listen = listen;
   if (!backend_library.empty()) options.backend.library = backend_library;
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
@@ -58,6 +63,21 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "gmuxd: serving %zu device(s) of '%s' (%s) on %s, policy %s\n",
                backend.devices().size(), backend.PlatformName().c_str(), backend.library().c_str(),
                (*server)->socket_path().c_str(), options.policy.c_str());
+  if ((*server)->tcp_port() != 0) {
+    std::fprintf(stderr, "gmuxd: listening on TCP %s, port %u\n", options.listen.c_str(),
+                 static_cast<unsigned>((*server)->tcp_port()));
+  }
+  if (!port_file.empty()) {
+    // Written to a temporary name and renamed, so a reader never sees a partial port.
+    std::string tmp = port_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr || std::fprintf(f, "%u\n", static_cast<unsigned>((*server)->tcp_port())) < 0 ||
+        std::fclose(f) != 0 || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      std::fprintf(stderr, "gmuxd: cannot write the port file %s\n", port_file.c_str());
+      (*server)->Stop();
+      return 1;
+    }
+  }
 
   timespec ts{};
   timespec* timeout = nullptr;
