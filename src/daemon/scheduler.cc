@@ -1,5 +1,7 @@
 #include "daemon/scheduler.h"
 
+#include <time.h>
+
 #include <cassert>
 #include <future>
 
@@ -8,6 +10,16 @@
 #include "core/split_policy.h"
 
 namespace gmux::daemon {
+
+namespace {
+
+uint64_t ThreadCpuNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Scheduler>> Scheduler::Create(
     const core::PolicySpec& spec, const std::vector<core::DeviceInfo>& devices,
@@ -303,11 +315,10 @@ void Scheduler::Loop() {
     }
     auto task = mailbox_.Take(deadline);
     if (task) {
-      auto t0 = std::chrono::steady_clock::now();
+      // CPU time of this thread, so preemption on a loaded host does not count as cost.
+      const uint64_t t0 = ThreadCpuNs();
       (*task)();
-      busy_ns_ += static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-              .count());
+      busy_ns_ += ThreadCpuNs() - t0;
     } else if (mailbox_.closed()) {
       return;
     } else {

@@ -106,7 +106,7 @@ class Scheduler {
   };
   std::map<TenantId, TenantStats> tenants_;
   std::string StatusNow() const;
-  // Cost of the scheduler thread itself: time spent handling submissions and completions.
+  // Cost of the scheduler thread itself: its CPU time handling submissions and completions.
   uint64_t busy_ns_ = 0;
   uint64_t dispatches_ = 0;
   BlockId next_block_ = 1;
