@@ -241,7 +241,8 @@ void SplitPolicy::CloseRound(Round& round) {
     if (!t.in_schedule || t.epoch != e.epoch) continue;  // left (or left and came back) since
     Plan p{round.number + 2, -1.0, false};
     // Algorithm 2: size(r + 2) = size(r) + gain * (fair - u) * items / u, i.e. a relative change
-    // of gain * (fair / u - 1). Learned only from full-size chunks of a split kernel.
+    // of gain * (fair / u - 1). Learned from the chunks of splittable kernels, a short last chunk
+    // at its own effective scale (DispatchHead).
     if (ran >= 2 && e.regular && e.usage_s > 0) {
       double scale = e.scale * (1.0 + options_.gain * (fair / e.usage_s - 1.0));
       p.scale = std::clamp(scale, options_.min_scale, options_.max_scale);
@@ -289,12 +290,19 @@ Dispatch SplitPolicy::DispatchHead(uint32_t slot, bool in_round) {
   uint64_t remaining = b.work_items - t.next;
   uint64_t size = remaining;
   bool regular = false;
+  double scale = t.scale;
   if (in_round && b.granule > 0) {
     uint64_t planned = ChunkSize(t, b.granule);
     if (planned <= remaining) {
       size = planned;
-      regular = true;
+    } else {
+      // The block's rest is shorter than the planned chunk: Algorithm 2 learns from it at the
+      // scale that would have planned exactly this many work-items (its rate is what counts).
+      // Without this, a tenant whose scale drifted above its launch size would run whole
+      // launches, never learn again, and keep the larger share.
+      scale = t.scale * static_cast<double>(remaining) / static_cast<double>(planned);
     }
+    regular = true;
   }
   Dispatch d{t.id, b.id, WorkRange{t.next, t.next + size}, t.next + size == b.work_items};
   t.next += size;
@@ -309,7 +317,7 @@ Dispatch SplitPolicy::DispatchHead(uint32_t slot, bool in_round) {
     Round& r = rounds_.back();
     f.round = r.number;
     f.entry = static_cast<uint32_t>(r.entries.size());
-    r.entries.push_back(Entry{slot, t.gen, t.epoch, true, regular, items, t.scale, Duration{0}, 0});
+    r.entries.push_back(Entry{slot, t.gen, t.epoch, true, regular, items, scale, Duration{0}, 0});
     ++r.outstanding;
     t.last_dispatch_round = r.number;
     ++t.rounds;

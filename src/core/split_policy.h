@@ -20,7 +20,8 @@
 //   First chunk size (Eq. (2)): size = floor(cores * beta / N / 64) * 64, with the device's
 //     wavefront width in place of 64, rounded down again to a multiple of the block's local size,
 //     and never below one such granule. A tenant joining the schedule starts at this size.
-//   Later sizes (Algorithm 2): when round r closes, for each tenant i that ran a full-size chunk
+//   Later sizes (Algorithm 2): when round r closes, for each tenant i that ran a chunk of a
+//   splittable kernel (a short last chunk counts at the scale that would plan its size)
 //       size_i(r + 2) = size_i(r) + gain * (fair_r - u_i(r)) * items_i(r) / u_i(r)
 //     where u_i(r) is its Eq. (1) charge in round r and fair_r the mean charge of round r. The
 //     size is kept as a scale of the Eq. (2) base so that it follows N when tenants come and go,
@@ -166,9 +167,9 @@ class SplitPolicy final : public Policy {
     uint32_t gen;
     uint32_t epoch;
     bool live;     // false once its tenant was removed
-    bool regular;  // a chunk of exactly the planned size (Algorithm 2 learns only from these)
+    bool regular;  // a chunk of a splittable kernel (Algorithm 2 learns only from these)
     uint64_t items;
-    double scale;     // the tenant's scale when it was picked
+    double scale;     // the scale that plans exactly `items` (the tenant's, for a full chunk)
     Duration runtime;
     double usage_s;   // its Eq. (1) charge, set when the round closes
   };

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -23,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/metrics.h"
+#include "core/policy.h"
 #include "status.h"
 
 namespace gmux::cli {
@@ -69,6 +72,35 @@ std::vector<std::string> SplitList(const std::string& s) {
   std::string x;
   while (std::getline(in, x, ',')) {
     if (!x.empty()) out.push_back(x);
+  }
+  return out;
+}
+
+// "POLICY.KEY=VALUE" -> params[POLICY][KEY] = VALUE; the defaults first, then `given`, each
+// checked by building the policy it names.
+Result<std::map<std::string, std::map<std::string, double>>> ParsePolicyParams(
+    const std::vector<std::string>& given) {
+  std::map<std::string, std::map<std::string, double>> out;
+  std::vector<std::string> all(std::begin(kDefaultParams), std::end(kDefaultParams));
+  all.insert(all.end(), given.begin(), given.end());
+  for (const std::string& p : all) {
+    const size_t dot = p.find('.'), eq = p.find('=');
+    if (dot == std::string::npos || eq == std::string::npos || dot == 0 || eq < dot + 2 ||
+        eq + 1 == p.size()) {
+      return InvalidArgument("--param " + p + ": expected POLICY.KEY=VALUE");
+    }
+    const std::string value = p.substr(eq + 1);
+    char* end = nullptr;
+    const double x = std::strtod(value.c_str(), &end);
+    if (end == value.c_str() || *end != '\0' || !std::isfinite(x)) {
+      return InvalidArgument("--param " + p + ": VALUE must be a number");
+    }
+    out[p.substr(0, dot)][p.substr(dot + 1, eq - dot - 1)] = x;
+  }
+  for (const auto& [policy, params] : out) {
+    core::PolicySpec spec{policy, params, {}};
+    auto made = core::MakePolicy(spec);
+    if (!made.ok()) return InvalidArgument("--param: " + made.status().message());
   }
   return out;
 }
@@ -203,7 +235,7 @@ const json* FindTenant(const json& snap, const std::string& name) {
 // One run: a gmuxd with `policy`, the setup's tenants; returns the run's JSON (or an error
 // object with "error").
 json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
-            const DemoFairnessOptions& o) {
+            const std::map<std::string, double>& params, const DemoFairnessOptions& o) {
   char tmpl[] = "/tmp/gmux-fair-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) return json{{"error", "mkdtemp failed"}};
   std::string dir = tmpl, socket = dir + "/gmuxd.sock", vendors = dir + "/vendors";
@@ -217,6 +249,16 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
     std::ofstream cfg(dir + "/gmux.toml");
     cfg << "[daemon]\nsocket = \"" << socket << "\"\ninflight_per_device = " << o.inflight
         << "\n\n[scheduler]\npolicy = \"" << policy << "\"\n\n";
+    if (!params.empty()) {
+      cfg << "[scheduler.params]\n";
+      char num[64];
+      for (const auto& [k, v] : params) {
+        std::snprintf(num, sizeof(num), "%.17g", v);
+        // TOML floats need a '.' or exponent only when not integral; integers parse as numbers.
+        cfg << k << " = " << num << "\n";
+      }
+      cfg << "\n";
+    }
     for (size_t i = 0; i < setup.tenants.size(); ++i) {
       cfg << "[[tenant]]\nname = \"" << setup.tenants[i].name
           << "\"\nweight = " << setup.tenants[i].weight << "\nuids = ["
@@ -331,6 +373,9 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
         {"weight", setup.tenants[i].weight},
         {"matrix_n", setup.tenants[i].n},
         {"device_time_s", dt},
+        // split only: the Eq. (1) usage the policy charged in the window (what it equalises).
+        {"usage_s", tb->value("usage_s", 0.0) - ta->value("usage_s", 0.0)},
+        {"next_chunk_items", tb->value("next_chunk_items", uint64_t{0})},
         {"commands", tb->value("completed_commands", uint64_t{0}) -
                          ta->value("completed_commands", uint64_t{0})},
         {"dispatches", tb->value("dispatches", uint64_t{0}) - ta->value("dispatches", uint64_t{0})},
@@ -348,7 +393,9 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
                                     sched_a.value("dispatches", uint64_t{0}));
   result["label"] = setup.label;
   result["policy"] = policy;
-  result["params"] = json{{"inflight_per_device", o.inflight}, {"depth", o.depth}};
+  json pj{{"inflight_per_device", o.inflight}, {"depth", o.depth}};
+  for (const auto& [k, v] : params) pj[k] = v;
+  result["params"] = pj;
   result["lambda"] = core::FairnessLambda(weights, device_s);
   result["jain"] = core::JainIndex(weights, shares);
   auto [mn, mx] = std::minmax_element(shares.begin(), shares.end());
@@ -373,6 +420,18 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
     return 2;
   }
   std::vector<std::string> policies = SplitList(o.policies), wanted = SplitList(o.setups);
+  auto params = ParsePolicyParams(o.params);
+  if (!params.ok()) {
+    std::cerr << "gmux demo fairness: " << params.status().message() << "\n";
+    return 2;
+  }
+  for (const std::string& p : policies) {
+    auto made = core::MakePolicy(core::PolicySpec{p, {}, {}});
+    if (!made.ok()) {
+      std::cerr << "gmux demo fairness: " << made.status().message() << "\n";
+      return 2;
+    }
+  }
   json runs = json::array();
   if (::getuid() != 0 && !o.json) {
     std::cerr << "(not root: every tenant process runs as the caller's uid and so is one tenant;"
@@ -383,7 +442,9 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
     if (std::find(wanted.begin(), wanted.end(), s.label) == wanted.end()) continue;
     for (const std::string& p : policies) {
       if (!o.json) std::cerr << "running " << s.label << " under " << p << " ...\n";
-      json r = RunOne(paths, s, p, o);
+      auto pp = params->find(p);
+      json r = RunOne(paths, s, p, pp != params->end() ? pp->second : std::map<std::string, double>{},
+                      o);
       if (r.contains("error")) {
         ++failures;
         std::cerr << "gmux demo fairness: " << s.label << "/" << p << ": "

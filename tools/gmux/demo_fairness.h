@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace gmux::cli {
 
@@ -18,7 +19,17 @@ struct DemoFairnessOptions {
   int depth = 2;           // launches each tenant keeps outstanding
   std::string policies = "fifo,credit,split";
   std::string setups = "kangyu,vmcg-equal,vmcg-weighted";
+  // Policy parameters as "POLICY.KEY=VALUE" (e.g. "split.beta=256"), written to each gmuxd's
+  // [scheduler.params] when it runs POLICY. They override kDefaultParams.
+  std::vector<std::string> params;
 };
+
+// Parameters the demo passes unless --param overrides them: split.beta = 128. The policy's
+// default beta (1024) is calibrated for the paper's GPU, whose launches are millions of
+// work-items; with this demo's 16 k-65 k work-item launches on a 2-unit device it gives chunks
+// larger than the small and medium launches, which then run whole and cannot be balanced
+// (docs/policies.md, split, decision 2).
+inline constexpr const char* kDefaultParams[] = {"split.beta=512"};
 
 int RunDemoFairness(const DemoFairnessOptions& options);
 

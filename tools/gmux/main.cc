@@ -107,6 +107,10 @@ int main(int argc, char** argv) {
   fair->add_option("--setups", fair_opts.setups,
                    "Comma-separated setups: kangyu, vmcg-equal, vmcg-weighted")
       ->capture_default_str();
+  fair->add_option("--param", fair_opts.params,
+                   "Policy parameter POLICY.KEY=VALUE, repeatable (e.g. split.beta=256, "
+                   "credit.slice_max_ms=8); default split.beta=512")
+      ->take_all();
   fair->footer(
       "Each run starts its own gmuxd on a temp socket; tenants are separate processes (own uids\n"
       "when run as root). Shares are each tenant's device time in the measured window, from the\n"
