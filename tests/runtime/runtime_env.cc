@@ -81,10 +81,10 @@ class DaemonEnvironment : public ::testing::Environment {
       if (RuntimeEnv::tcp) {
         ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", RuntimeEnv::socket.c_str(), "--config",
                 config.c_str(), "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(),
-                "--exit-after", "300", static_cast<char*>(nullptr));
+                "--exit-after", "600", static_cast<char*>(nullptr));
       } else {
         ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", RuntimeEnv::socket.c_str(), "--exit-after",
-                "300", static_cast<char*>(nullptr));
+                "600", static_cast<char*>(nullptr));
       }
       ::_exit(127);
     }
