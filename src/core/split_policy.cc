@@ -73,6 +73,7 @@ void SplitPolicy::AddTenant(const Tenant& tenant, TimePoint) {
     slots_.emplace_back();
   }
   slots_[slot].id = tenant.id;
+  slots_[slot].weight = tenant.weight;
   slot_of_[tenant.id] = slot;
 }
 
@@ -138,7 +139,7 @@ void SplitPolicy::Join(uint32_t slot) {
   t.charged = false;
   // Usage persists per tenant, but a tenant that was idle is brought up to the least usage of the
   // schedule so that the time it spent idle is not a credit that throttles everyone else.
-  t.usage_s = std::max(t.usage_s, min_usage_s_);
+  t.usage_s = std::max(t.usage_s, min_usage_s_ * t.weight);
 }
 
 void SplitPolicy::Leave(uint32_t slot) {
@@ -223,18 +224,24 @@ void SplitPolicy::CloseRound(Round& round) {
   }
 
   // Least usage in the schedule (Sched_Info->GPU_usage_minVM), among tenants charged since they
-  // joined; a tenant that has not run yet has no measurement to compare.
+  // joined; a tenant that has not run yet has no measurement to compare. Usage is compared per
+  // unit of weight (docs/policies.md, split, "Weights"): with equal weights this is the paper's
+  // rule unchanged.
   double min_usage = std::numeric_limits<double>::infinity();
   size_t charged = 0;
   for (uint32_t s = ring_head_; s != kNil; s = slots_[s].ring_next) {
     if (!slots_[s].charged) continue;
-    min_usage = std::min(min_usage, slots_[s].usage_s);
+    min_usage = std::min(min_usage, slots_[s].usage_s / slots_[s].weight);
     ++charged;
   }
   if (charged > 0) min_usage_s_ = min_usage;
 
   if (active_count_ < 2 || ran == 0) return;
-  double fair = sum_usage / static_cast<double>(ran);
+  // The round's usage shared out by weight: a tenant's fair part is sum_usage * w / sum_w.
+  double sum_weight = 0;
+  for (const Entry& e : round.entries) {
+    if (valid(e)) sum_weight += slots_[e.slot].weight;
+  }
   for (const Entry& e : round.entries) {
     if (!valid(e)) continue;
     TenantState& t = slots_[e.slot];
@@ -244,11 +251,13 @@ void SplitPolicy::CloseRound(Round& round) {
     // of gain * (fair / u - 1). Learned from the chunks of splittable kernels, a short last chunk
     // at its own effective scale (DispatchHead).
     if (ran >= 2 && e.regular && e.usage_s > 0) {
+      const double fair = sum_usage * t.weight / sum_weight;
       double scale = e.scale * (1.0 + options_.gain * (fair / e.usage_s - 1.0));
       p.scale = std::clamp(scale, options_.min_scale, options_.max_scale);
     }
     // Algorithm 1, lines 24-27.
-    if (charged >= 2 && min_usage > 0 && t.usage_s > options_.throttle_ratio * min_usage) {
+    if (charged >= 2 && min_usage > 0 &&
+        t.usage_s / t.weight > options_.throttle_ratio * min_usage) {
       p.sit_out = true;
     }
     t.plans.push_back(p);

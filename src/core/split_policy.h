@@ -152,6 +152,7 @@ class SplitPolicy final : public Policy {
     uint32_t ring_prev = kNil;
     uint32_t ring_next = kNil;
     double usage_s = 0;
+    double weight = 1.0;   // Tenant::weight; usage is compared per unit of weight
     bool charged = false;  // charged in at least one round since it joined
     double scale = 1.0;
     std::deque<Plan> plans;
@@ -212,7 +213,8 @@ class SplitPolicy final : public Policy {
   bool round_open_ = false;
   std::deque<Round> rounds_;  // rounds not yet closed, oldest first
   std::vector<std::vector<Entry>> spare_entries_;
-  double min_usage_s_ = 0;  // least usage among charged tenants in the schedule, at the last close
+  double min_usage_s_ = 0;  // least usage per unit of weight among charged tenants in the
+                            // schedule, at the last close
 };
 
 }  // namespace gmux::core

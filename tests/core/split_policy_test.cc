@@ -359,6 +359,30 @@ TEST(SplitPolicyTest, ResizingEqualisesUsagePerRound) {
   EXPECT_GT(p.Monitor(1)->next_chunk_items, p.Monitor(4)->next_chunk_items);
 }
 
+TEST(SplitPolicyTest, WeightsScaleTheFairUsage) {
+  // Weights 4:2:1 with the same per-item cost: after convergence each tenant's Eq. (1) usage per
+  // round, and so its device time, follows its weight.
+  SplitPolicy p(Options(2048, 8));
+  const std::map<TenantId, double> weight = {{1, 4}, {2, 2}, {3, 1}};
+  for (auto [t, w] : weight) {
+    p.AddTenant({t, "t", w}, kT);
+    p.Submit(Kernel(t, t, 64ull << 24), kT);
+  }
+  auto cost = PerItemCost({{1, 10}, {2, 10}, {3, 10}});
+  Drive(p, cost, 3 * 60);
+  std::map<TenantId, double> before;
+  for (auto [t, w] : weight) before[t] = p.Monitor(t)->usage_s;
+  Drive(p, cost, 3 * 30);
+  double lo = 1e300, hi = 0;
+  for (auto [t, w] : weight) {
+    double per_weight = (p.Monitor(t)->usage_s - before[t]) / w;
+    lo = std::min(lo, per_weight);
+    hi = std::max(hi, per_weight);
+  }
+  EXPECT_LT(hi / lo, 1.2) << "usage per unit of weight over 30 rounds after convergence";
+  EXPECT_GT(p.Monitor(1)->next_chunk_items, 2 * p.Monitor(3)->next_chunk_items);
+}
+
 TEST(SplitPolicyTest, HeavyTenantSitsOutExactlyOneRound) {
   // Round 1: u1 = 1.5 S, u2 = 4.5 S > 2 * u1, so tenant 2 sits out round 3. After round 2 it is
   // still above twice the least, but it never sits out two rounds in a row.
