@@ -210,7 +210,14 @@ Result<std::shared_ptr<HostBuffer>> Session::MapShared(int fd, size_t size) {
   GMUX_ASSIGN_OR_RETURN(auto whole, HostBuffer::MapSealed(fd, whole_size));
   std::erase_if(shm_maps_, [&](const auto& e) { return e.first == key; });
   if (shm_maps_.size() >= kMaxShmMaps) shm_maps_.erase(shm_maps_.begin());
-  shm_maps_.emplace_back(key, whole);
+  size_t kept = whole->size();
+  for (const auto& e : shm_maps_) kept += e.second->size();
+  while (!shm_maps_.empty() && kept > options_.max_bulk_bytes_per_session) {
+    kept -= shm_maps_.front().second->size();
+    shm_maps_.erase(shm_maps_.begin());
+  }
+  // One larger than the limit itself is used once, not kept (the transfer still holds it).
+  if (whole->size() <= options_.max_bulk_bytes_per_session) shm_maps_.emplace_back(key, whole);
   return HostBuffer::View(whole, size);
 }
 
@@ -589,6 +596,13 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       core_->bulk_bytes.fetch_add(r.getSize());
       bulk_[r.getToken()] = std::move(b);
+      return {};
+    }
+
+    case wire::Request::SHM_FORGET: {
+      // Transfers still using the mapping hold it; only the kept reference goes.
+      uint64_t key = req.getShmForget();
+      std::erase_if(shm_maps_, [&](const auto& e) { return e.first == key; });
       return {};
     }
 

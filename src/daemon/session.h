@@ -170,7 +170,9 @@ class Session {
   void SubmitPending();
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
   // The client reuses its shared buffers, so their mappings are kept (by inode), at most
-  // kMaxShmMaps of them, oldest dropped first.
+  // kMaxShmMaps of them and max_bulk_bytes_per_session bytes in all, oldest dropped first, and
+  // dropped when the client says it destroyed the buffer (shmForget): a kept mapping pins the
+  // client's pages.
   Result<std::shared_ptr<HostBuffer>> MapShared(int fd, size_t size);
   static constexpr size_t kMaxShmMaps = 16;
   std::vector<std::pair<uint64_t, std::shared_ptr<HostBuffer>>> shm_maps_;

@@ -1028,10 +1028,11 @@ class Enqueuer {
     return e;
   }
   // Sends the command with a seq whose reply (read data) lands in dst.
-  uint64_t Begin(void* dst, size_t size, bool blocking, ShmBuffer shm = {}) {
+  uint64_t Begin(void* dst, size_t size, bool blocking, ShmBuffer shm = {},
+                 bool keep_shm = false) {
     std::function<void(cl_int)> none;
     if (!blocking) none = [](cl_int) {};
-    uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm);
+    uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm, keep_shm);
     MakeEvent();
     return seq;
   }
@@ -1596,8 +1597,16 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   map.offset = offset;
   map.size = size;
   map.flags = flags;
+  const bool invalidate = (flags & CL_MAP_WRITE_INVALIDATE_REGION) != 0;
+  Connection* conn = Conn();
   if (m->host_ptr != nullptr) {
     map.ptr = static_cast<uint8_t*>(m->host_ptr) + offset;
+  } else if ((blocking || invalidate) && conn != nullptr && conn->UseShm(size) &&
+             (map.shm = conn->AcquireShm(size)).valid()) {
+    // Only when nothing can still be written into the buffer after this call returns (the read
+    // is waited for, or there is none), so unmap may hand it straight back to the pool. The
+    // buffer holds only this client's earlier data until the read overwrites it.
+    map.ptr = map.shm.map;
   } else {
     map.ptr = std::aligned_alloc(64, (size + 63) / 64 * 64);
     map.owned = true;
@@ -1617,11 +1626,18 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
       r.setMem(m->id);
       r.setOffset(offset);
       r.setSize(size);
-      uint64_t seq = enq.BeginRead(r, map.ptr, size, blocking);
+      uint64_t seq;
+      if (map.shm.valid()) {
+        r.setShm(true);  // the device writes straight into the mapping
+        seq = enq.Begin(nullptr, size, blocking, map.shm, /*keep_shm=*/true);
+      } else {
+        seq = enq.BeginRead(r, map.ptr, size, blocking);
+      }
       if (blocking) e = enq.conn()->Wait(seq);
     }
   }
   if (e != CL_SUCCESS) {
+    if (map.shm.valid()) conn->ReleaseShm(map.shm);
     if (map.owned) std::free(map.ptr);
     SetErr(err, e);
     return nullptr;
@@ -1646,6 +1662,7 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
     m->maps.erase(it);
   }
   cl_int e;
+  bool handed_over = false;  // map.shm now belongs to a pending write
   if ((map.flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION)) != 0) {
     Enqueuer enq(q, nwait, waits, event, CL_COMMAND_UNMAP_MEM_OBJECT);
     e = enq.err();
@@ -1658,7 +1675,15 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
                          host && layered ? map.slice_pitch : 0, map.ptr, map.size);
     } else if (e == CL_SUCCESS) {
       ShmBuffer held;
-      uint64_t token = enq.conn()->SendBulk(map.ptr, map.size, &held);
+      uint64_t token;
+      if (map.shm.valid()) {
+        // Sent from where the application wrote it; the buffer goes back to the pool once the
+        // write has run.
+        token = enq.conn()->SendShm(map.shm, map.size);
+        if (token != 0) held = map.shm;
+      } else {
+        token = enq.conn()->SendBulk(map.ptr, map.size, &held);
+      }
       if (token == 0) {
         e = CL_OUT_OF_RESOURCES;
       } else {
@@ -1668,11 +1693,13 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
         w.setSize(map.size);
         w.setBulk(token);
         e = enq.PostReleasing(held);
+        handed_over = map.shm.valid();  // released by the write's answer
       }
     }
   } else {
     e = Marker(q, nwait, waits, event, false, CL_COMMAND_UNMAP_MEM_OBJECT);
   }
+  if (map.shm.valid() && !handed_over) Conn()->ReleaseShm(map.shm);
   if (map.owned) std::free(map.ptr);  // the data was copied into the request
   return e;
 }

@@ -7,10 +7,13 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <kj/exception.h>
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <cstring>
@@ -188,6 +191,22 @@ cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_bat
     std::lock_guard<std::mutex> l2(mu_);
     if (dead_) return CL_DEVICE_NOT_AVAILABLE;
   }
+  {
+    // Destroyed shared buffers: the daemon drops its mappings before anything later arrives.
+    std::vector<uint64_t> forget;
+    {
+      std::lock_guard<std::mutex> l3(shm_mu_);
+      forget.swap(shm_forget_);
+    }
+    for (uint64_t inode : forget) {
+      capnp::MallocMessageBuilder f;
+      auto r = f.initRoot<wire::Request>();
+      r.setSeq(0);
+      r.setShmForget(inode);
+      auto bytes = proto::EncodeFrame(proto::FrameKind::kRequest, f);
+      if (bytes.ok()) batch_.insert(batch_.end(), bytes->begin(), bytes->end());
+    }
+  }
   bool batched = false;
   if (may_batch && pass_fd < 0 &&
       capnp::computeSerializedSizeInWords(request) * sizeof(capnp::word) <= kBatchFrameBytes) {
@@ -223,7 +242,7 @@ cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
 }
 
 uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
-                           std::function<void(cl_int)> on_reply, ShmBuffer shm) {
+                           std::function<void(cl_int)> on_reply, ShmBuffer shm, bool keep_shm) {
   uint64_t seq = next_seq_.fetch_add(1);
   request.getRoot<wire::Request>().setSeq(seq);
   {
@@ -232,7 +251,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     p.dst = static_cast<uint8_t*>(dst);
     p.size = size;
     p.on_reply = std::move(on_reply);
-    p.shm = shm;
+    if (!keep_shm) p.shm = shm;
   }
   cl_int err = SendLocked(request, /*may_batch=*/false, shm.fd);
   if (err != CL_SUCCESS) {
@@ -300,8 +319,9 @@ ShmBuffer Connection::AcquireShm(size_t size) {
   while (cap < size) cap *= 2;
   int fd = ::memfd_create("gmux-bulk", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return {};
+  struct stat st{};
   if (::ftruncate(fd, static_cast<off_t>(cap)) != 0 ||
-      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 || ::fstat(fd, &st) != 0) {
     ::close(fd);
     return {};
   }
@@ -310,22 +330,34 @@ ShmBuffer Connection::AcquireShm(size_t size) {
     ::close(fd);
     return {};
   }
-  return {fd, p, cap};
+  return {fd, p, cap, static_cast<uint64_t>(st.st_ino)};
+}
+
+void Connection::DestroyShmLocked(ShmBuffer buffer) {
+  ::munmap(buffer.map, buffer.capacity);
+  ::close(buffer.fd);
+  shm_forget_.push_back(buffer.inode);
 }
 
 void Connection::ReleaseShm(ShmBuffer buffer) {
   if (!buffer.valid()) return;
-  {
-    std::lock_guard<std::mutex> lock(shm_mu_);
-    size_t pooled = 0;
-    for (const auto& b : shm_pool_) pooled += b.capacity;
-    if (pooled + buffer.capacity <= kShmPoolBytes) {
-      shm_pool_.push_back(buffer);
-      return;
-    }
+  std::lock_guard<std::mutex> lock(shm_mu_);
+  if (buffer.capacity > kShmKeepOneBytes) {
+    DestroyShmLocked(buffer);
+    return;
   }
-  ::munmap(buffer.map, buffer.capacity);
-  ::close(buffer.fd);
+  // Keep this one; drop the oldest pooled ones until the pool fits its budget (which one
+  // buffer larger than the budget may exceed alone).
+  size_t pooled = buffer.capacity;
+  for (const auto& b : shm_pool_) pooled += b.capacity;
+  size_t budget = std::max(kShmPoolBytes, buffer.capacity);
+  auto it = shm_pool_.begin();
+  while (pooled > budget && it != shm_pool_.end()) {
+    pooled -= it->capacity;
+    DestroyShmLocked(*it);
+    it = shm_pool_.erase(it);
+  }
+  shm_pool_.push_back(buffer);
 }
 
 uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
@@ -335,14 +367,8 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
     ShmBuffer buf = AcquireShm(size);
     if (buf.valid()) {
       std::memcpy(buf.map, data, size);
-      capnp::MallocMessageBuilder b;
-      auto bb = b.initRoot<wire::Request>().initBulkBegin();
-      bb.setToken(token);
-      bb.setSize(size);
-      bb.setShm(true);
-      b.getRoot<wire::Request>().setSeq(0);
-      cl_int err = SendLocked(b, /*may_batch=*/false, buf.fd);
-      if (err != CL_SUCCESS) {
+      token = SendShm(buf, size);
+      if (token == 0) {
         ReleaseShm(buf);
         return 0;
       }
@@ -377,6 +403,19 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
     if (Post(b) != CL_SUCCESS) return 0;
   }
   return token;
+}
+
+uint64_t Connection::SendShm(const ShmBuffer& buffer, size_t size) {
+  if (!buffer.valid() || size > buffer.capacity) return 0;
+  uint64_t token = NextId();
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Request>();
+  r.setSeq(0);
+  auto bb = r.initBulkBegin();
+  bb.setToken(token);
+  bb.setSize(size);
+  bb.setShm(true);
+  return SendLocked(b, /*may_batch=*/false, buffer.fd) == CL_SUCCESS ? token : 0;
 }
 
 cl_int Connection::TakeAsyncError() {

@@ -40,6 +40,7 @@ struct ShmBuffer {
   int fd = -1;
   void* map = nullptr;
   size_t capacity = 0;
+  uint64_t inode = 0;  // names it to the daemon, which keeps its mapping until told to forget
   bool valid() const { return fd >= 0; }
 };
 
@@ -68,9 +69,11 @@ class Connection {
   // receiver's callback thread. For reads, `dst`/`size` receive the data.
   // With `shm` (taken over), the reply is a plain status, the data is copied from the buffer to
   // `dst` when it arrives, and the buffer goes back to the pool; its descriptor goes with the
-  // request.
+  // request. With `keep_shm` the reply leaves the buffer alone (no copy, not released): the
+  // caller reads the data in place (a mapping backed by the buffer) and releases it itself.
   uint64_t Begin(capnp::MallocMessageBuilder& request, void* dst = nullptr, size_t size = 0,
-                 std::function<void(cl_int)> on_reply = nullptr, ShmBuffer shm = {});
+                 std::function<void(cl_int)> on_reply = nullptr, ShmBuffer shm = {},
+                 bool keep_shm = false);
   cl_int Wait(uint64_t seq);
 
   // Sends `size` bytes as bulk data under a new token and returns the token (0 on failure).
@@ -78,6 +81,9 @@ class Connection {
   // buffer, which the daemon may read until the request consuming the token is answered: the
   // caller gives it back with ReleaseShm() then.
   uint64_t SendBulk(const void* data, size_t size, ShmBuffer* held);
+  // Sends the first `size` bytes already in `buffer` as bulk data, without copying; the caller
+  // keeps the buffer until the consuming request is answered, as with SendBulk.
+  uint64_t SendShm(const ShmBuffer& buffer, size_t size);
 
   // Whether a transfer of `size` bytes should use shared memory.
   bool UseShm(size_t size) const { return shm_enabled_ && size >= kShmMinBytes; }
@@ -107,9 +113,16 @@ class Connection {
     std::function<void(cl_int)> on_reply;
     ShmBuffer shm;  // a buffer to copy from (into dst) and release when the reply comes
   };
-  static constexpr size_t kShmPoolBytes = 512u << 20;  // pooled shared memory kept for reuse
-  std::mutex shm_mu_;                                   // guards shm_pool_ (after mu_)
-  std::vector<ShmBuffer> shm_pool_;
+  // Pooled shared memory kept for reuse: the most recently released buffers up to
+  // kShmPoolBytes, and always the last released one up to kShmKeepOneBytes, so an application
+  // repeating transfers larger than the pool reuses one buffer (creating and populating a
+  // memfd per transfer costs more than the copy).
+  static constexpr size_t kShmPoolBytes = 512u << 20;
+  static constexpr size_t kShmKeepOneBytes = 2ull << 30;
+  std::mutex shm_mu_;                 // guards shm_pool_ and shm_forget_ (after mu_ and send_mu_)
+  std::vector<ShmBuffer> shm_pool_;   // oldest first
+  std::vector<uint64_t> shm_forget_;  // inodes of destroyed buffers the daemon still maps
+  void DestroyShmLocked(ShmBuffer buffer);
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off

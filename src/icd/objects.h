@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "icd/connection.h"
+
 namespace gmux::icd {
 
 enum class Kind : uint32_t {
@@ -72,6 +74,9 @@ struct Mapping {
   size_t size = 0;
   cl_map_flags flags = 0;
   bool owned = false;  // allocated by the ICD (freed at unmap)
+  // A large buffer mapping lives in a pooled shared buffer: the daemon reads the buffer into it
+  // and unmap sends it back from there, so the data is not copied on the client.
+  gmux::icd::ShmBuffer shm;
   // Images: the mapped region and the host layout of `ptr`.
   size_t origin[3] = {0, 0, 0};
   size_t region[3] = {0, 0, 0};

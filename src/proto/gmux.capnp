@@ -347,6 +347,8 @@ struct Request {
     createImage @22 :CreateImage;
     createSampler @23 :CreateSampler;
     imageFormats @24 :ImageFormats;
+    shmForget @25 :UInt64;         # the inode of a shared buffer the client destroyed: the
+                                   # daemon drops its kept mapping (never answered)
   }
 }
 
