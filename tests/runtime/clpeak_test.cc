@@ -3,12 +3,9 @@
 // gmux platform alone. One CTest test per group keeps each well inside its time limit and lets
 // CTest run them in parallel. Figures are not checked here (timing belongs in benchmarks); the
 // run must exit 0, reach the gmux platform, print the group's results and report no OpenCL error.
-#include <sys/wait.h>
-
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
@@ -35,16 +32,6 @@ std::string GmuxOnlyVendors() {
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/gmux.icd") << GMUX_ICD_PATH << "\n";
   return dir;
-}
-
-int RunShell(const std::string& cmd, std::string& out) {
-  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (f == nullptr) return -1;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  int status = ::pclose(f);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 TEST_P(ClpeakTest, GroupCompletesThroughGmux) {

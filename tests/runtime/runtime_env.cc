@@ -9,7 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -178,6 +180,16 @@ cl_program BuildProgram(const ClDevice& d, const std::string& source, std::strin
     return nullptr;
   }
   return p;
+}
+
+int RunShell(const std::string& cmd, std::string& out) {
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) return -1;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
+  int status = ::pclose(f);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 }  // namespace gmux::testing

@@ -48,6 +48,10 @@ cl_program BuildProgram(const ClDevice& d, const std::string& source, std::strin
 
 std::string BuildLog(cl_program p, cl_device_id d);
 
+// Runs a shell command (inheriting this process's environment, so the loader finds gmux) and
+// returns its exit status (-1 when it did not exit normally); stdout and stderr go to `out`.
+int RunShell(const std::string& cmd, std::string& out);
+
 // The platforms compared by every program test.
 inline const char* kGmux = "gmux";
 inline const char* kNative = "Portable Computing Language";

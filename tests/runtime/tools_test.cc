@@ -1,11 +1,8 @@
 // Standard OpenCL tools through gmux: clinfo lists the gmux platform and its device cleanly.
 // (clpeak, group by group, is in clpeak_test.cc.)
-#include <sys/wait.h>
-
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "runtime/runtime_env.h"
@@ -13,21 +10,10 @@
 namespace gmux::testing {
 namespace {
 
-// Runs a shell command (the environment points the loader at gmux) and returns its output.
-int RunCommand(const std::string& cmd, std::string& out) {
-  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (f == nullptr) return -1;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) out.append(buf.data(), n);
-  int status = ::pclose(f);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 TEST(ToolsTest, ClinfoShowsTheGmuxPlatformAndDevice) {
   if (std::system("command -v clinfo >/dev/null 2>&1") != 0) GTEST_SKIP() << "clinfo not installed";
   std::string out;
-  ASSERT_EQ(RunCommand("timeout 60 clinfo", out), 0) << out;
+  ASSERT_EQ(RunShell("timeout 60 clinfo", out), 0) << out;
   EXPECT_NE(out.find("Platform Name                                   gmux"), std::string::npos) << out;
   EXPECT_NE(out.find("Platform Extensions function suffix             gmux"), std::string::npos);
   // The gmux device mirrors the backend's: its name appears twice (gmux and native).
