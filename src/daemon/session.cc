@@ -873,6 +873,23 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
         Ref<cl_sampler> sampler;
         size_t local = 0;
       };
+      // Sets every argument of the kernel (under the kernel's mutex, held by the caller): the
+      // whole launch and each chunk of a split launch set them the same way.
+      static constexpr auto kSetArgs = [](const cl_icd_dispatch& d, cl_kernel kernel,
+                                          const std::vector<Arg>& args) -> cl_int {
+        for (cl_uint i = 0; i < args.size(); ++i) {
+          cl_int err = CL_SUCCESS;
+          switch (args[i].kind) {
+            case 0: err = d.clSetKernelArg(kernel, i, args[i].bytes.size(), args[i].bytes.data()); break;
+            case 1: err = d.clSetKernelArg(kernel, i, sizeof(cl_mem), &args[i].mem->h); break;
+            case 2: err = d.clSetKernelArg(kernel, i, sizeof(cl_mem), nullptr); break;
+            case 4: err = d.clSetKernelArg(kernel, i, sizeof(cl_sampler), &args[i].sampler->h); break;
+            default: err = d.clSetKernelArg(kernel, i, args[i].local, nullptr); break;
+          }
+          if (err != CL_SUCCESS) return err;
+        }
+        return CL_SUCCESS;
+      };
       std::vector<Arg> args(k->num_args);
       for (uint32_t i = 0; i < k->num_args; ++i) {
         auto a = nd.getArgs()[i];
@@ -938,17 +955,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
                                const core::WorkRange& range, cl_event* out) {
             const cl_icd_dispatch& d = Dispatch(cq);
             std::lock_guard<std::mutex> lock(*mu);
-            for (cl_uint i = 0; i < args.size(); ++i) {
-              cl_int err = CL_SUCCESS;
-              switch (args[i].kind) {
-                case 0: err = d.clSetKernelArg(kernel->h, i, args[i].bytes.size(), args[i].bytes.data()); break;
-                case 1: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), &args[i].mem->h); break;
-                case 2: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), nullptr); break;
-            case 4: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_sampler), &args[i].sampler->h); break;
-                default: err = d.clSetKernelArg(kernel->h, i, args[i].local, nullptr); break;
-              }
-              if (err != CL_SUCCESS) return err;
-            }
+            if (cl_int err = kSetArgs(d, kernel->h, args); err != CL_SUCCESS) return err;
             return EnqueueChunk(d, cq, kernel->h, dim, off, gs, plan, range,
                                 static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(), out);
           };
@@ -958,17 +965,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
                   has_local](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
         const cl_icd_dispatch& d = Dispatch(cq);
         std::lock_guard<std::mutex> lock(*mu);
-        for (cl_uint i = 0; i < args.size(); ++i) {
-          cl_int err = CL_SUCCESS;
-          switch (args[i].kind) {
-            case 0: err = d.clSetKernelArg(kernel->h, i, args[i].bytes.size(), args[i].bytes.data()); break;
-            case 1: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), &args[i].mem->h); break;
-            case 2: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_mem), nullptr); break;
-            case 4: err = d.clSetKernelArg(kernel->h, i, sizeof(cl_sampler), &args[i].sampler->h); break;
-            default: err = d.clSetKernelArg(kernel->h, i, args[i].local, nullptr); break;
-          }
-          if (err != CL_SUCCESS) return err;
-        }
+        if (cl_int err = kSetArgs(d, kernel->h, args); err != CL_SUCCESS) return err;
         return d.clEnqueueNDRangeKernel(cq, kernel->h, dim, off.data(), gs.data(),
                                         has_local ? ls.data() : nullptr,
                                         static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(),
