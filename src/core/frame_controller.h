@@ -149,7 +149,6 @@ class FrameController {
   std::vector<double> gpu_history_;
   size_t gpu_next_ = 0;
   size_t gpu_count_ = 0;
-  double gpu_sum_ = 0;
 
   bool have_last_end_ = false;
   TimePoint last_end_{};

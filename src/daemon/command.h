@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/model.h"
@@ -115,6 +116,20 @@ struct Command {
   // Executor-thread state of a launch being run in chunks.
   Ref<cl_event> last_chunk;             // each chunk waits for the previous one
   cl_int chunk_status = CL_SUCCESS;     // first failure among its chunks
+};
+
+// Where a session hands its commands: the worker's WorkerQueue (worker_queue.h). Thread-safe.
+class CommandSink {
+ public:
+  virtual ~CommandSink() = default;
+  // Commands in decode order (one hand-over per batch).
+  virtual void Submit(std::vector<std::shared_ptr<Command>> cmds) = 0;
+  // The user event `ev` was set: commands held behind it may now run.
+  virtual void Rescan(std::shared_ptr<EventRecord> ev) = 0;
+  // Commands submitted and not yet completed.
+  virtual uint64_t Outstanding() const = 0;
+  // The scheduler's JSON as this session's tenant may see it ("{}" when unavailable).
+  virtual std::string Status() = 0;
 };
 
 }  // namespace gmux::daemon

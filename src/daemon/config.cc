@@ -44,12 +44,12 @@ Result<TenantConfig> DaemonOptions::TenantForUid(uint32_t uid) const {
   }
   switch (unknown_peers) {
     case UnknownPeers::kOwnTenant:
-      return TenantConfig{"uid-" + std::to_string(uid), 1.0, {uid}, {}};
+      return TenantConfig{"uid-" + std::to_string(uid), 1.0, limits, {uid}, {}};
     case UnknownPeers::kShared:
       for (const auto& t : tenants) {
         if (t.name == default_tenant) return t;
       }
-      return TenantConfig{default_tenant, 1.0, {}, {}};
+      return TenantConfig{default_tenant, 1.0, limits, {}, {}};
     case UnknownPeers::kReject:
       break;
   }
@@ -100,7 +100,7 @@ Result<TenantConfig> DaemonOptions::TenantForToken(const std::string& token) con
     for (const auto& t : tenants) {
       if (t.name == default_tenant) return t;
     }
-    return TenantConfig{default_tenant, 1.0, {}, {}};
+    return TenantConfig{default_tenant, 1.0, limits, {}, {}};
   }
   return PermissionDenied(token.empty() ? "a TCP client must present a token (GMUX_TOKEN)"
                                         : "unknown token");
@@ -110,13 +110,64 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
   GMUX_ASSIGN_OR_RETURN(TomlDoc doc, TomlDoc::Parse(text, path));
   DaemonOptions o;
   const toml::table& root = doc.root();
-  GMUX_RETURN_IF_ERROR(doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant"}));
+  GMUX_RETURN_IF_ERROR(
+      doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant", "limits"}));
+  // A table's limit keys over `base` (the [limits] defaults for a [[tenant]]).
+  auto read_limits = [&doc](const toml::table& t, const TenantLimits& base,
+                            TenantLimits& out) -> Status {
+    GMUX_ASSIGN_OR_RETURN(out.command_time_limit_s,
+                          doc.Number(t, "command_time_limit_s", base.command_time_limit_s, 0));
+    auto count = [&](const char* key, uint64_t def, uint64_t& v) -> Status {
+      GMUX_ASSIGN_OR_RETURN(int64_t x, doc.Integer(t, key, static_cast<int64_t>(def), 0,
+                                                   INT64_MAX));
+      v = static_cast<uint64_t>(x);
+      return Status::Ok();
+    };
+    GMUX_RETURN_IF_ERROR(count("max_queued_commands", base.max_queued_commands,
+                               out.max_queued_commands));
+    GMUX_RETURN_IF_ERROR(count("max_events", base.max_events, out.max_events));
+    GMUX_RETURN_IF_ERROR(count("max_objects", base.max_objects, out.max_objects));
+    GMUX_RETURN_IF_ERROR(count("max_bulk_bytes", base.max_bulk_bytes, out.max_bulk_bytes));
+    if (out.max_bulk_bytes != 0 && out.max_bulk_bytes < (1u << 20)) {
+      return doc.Error(t.get("max_bulk_bytes"), "max_bulk_bytes", "must be at least 1 MiB");
+    }
+    return Status::Ok();
+  };
+  GMUX_ASSIGN_OR_RETURN(const toml::table* lt, doc.Table(root, "limits", false));
+  if (lt != nullptr) {
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*lt, {"command_time_limit_s", "max_queued_commands",
+                                            "max_events", "max_objects", "max_bulk_bytes"}));
+    GMUX_RETURN_IF_ERROR(read_limits(*lt, o.limits, o.limits));
+  }
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* d, doc.Table(root, "daemon", false));
   if (d != nullptr) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*d, {"socket", "socket_mode", "listen", "max_sessions",
-                                           "max_bulk_bytes_per_session", "inflight_per_device",
-                                           "max_frame_bytes"}));
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(
+        *d, {"socket", "socket_mode", "listen", "max_sessions", "max_bulk_bytes_per_session",
+             "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
+             "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
+             "worker_user", "spare_workers", "state_dir"}));
+    GMUX_ASSIGN_OR_RETURN(o.handshake_timeout_s, doc.Number(*d, "handshake_timeout_s", 5.0, 0.01));
+    GMUX_ASSIGN_OR_RETURN(int64_t mu, doc.Integer(*d, "max_unidentified", 64, 1, 1 << 20));
+    o.max_unidentified = static_cast<uint32_t>(mu);
+    GMUX_ASSIGN_OR_RETURN(int64_t mc,
+                          doc.Integer(*d, "max_connections_per_identity", 64, 1, 1 << 20));
+    o.max_connections_per_identity = static_cast<uint32_t>(mc);
+    GMUX_ASSIGN_OR_RETURN(std::vector<double> au,
+                          doc.Numbers(*d, "admin_uids", std::vector<double>{}));
+    for (double u : au) {
+      if (u < 0 || u > 4294967295.0 || u != static_cast<double>(static_cast<uint32_t>(u))) {
+        return doc.Error(d->get("admin_uids"), "admin_uids", "expected non-negative integer uids");
+      }
+      o.admin_uids.push_back(static_cast<uint32_t>(u));
+    }
+    GMUX_ASSIGN_OR_RETURN(o.admin_tokens,
+                          doc.Strings(*d, "admin_tokens", std::vector<std::string>{}));
+    GMUX_ASSIGN_OR_RETURN(o.worker_path, doc.String(*d, "worker_path", ""));
+    GMUX_ASSIGN_OR_RETURN(o.worker_user, doc.String(*d, "worker_user", "nobody"));
+    GMUX_ASSIGN_OR_RETURN(int64_t sw, doc.Integer(*d, "spare_workers", 1, 0, 64));
+    o.spare_workers = static_cast<uint32_t>(sw);
+    GMUX_ASSIGN_OR_RETURN(o.state_dir, doc.String(*d, "state_dir", ""));
     GMUX_ASSIGN_OR_RETURN(o.socket_path, doc.String(*d, "socket", ""));
     GMUX_ASSIGN_OR_RETURN(o.listen, doc.String(*d, "listen", ""));
     if (!o.listen.empty()) {
@@ -131,6 +182,9 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
                                                   static_cast<int64_t>(2ull << 30), 1 << 20,
                                                   INT64_MAX));
     o.max_bulk_bytes_per_session = static_cast<uint64_t>(mb);
+    if (d->get("max_bulk_bytes_per_session") != nullptr) {
+      o.limits.max_bulk_bytes = o.max_bulk_bytes_per_session;
+    }
     GMUX_ASSIGN_OR_RETURN(int64_t inf, doc.Integer(*d, "inflight_per_device", 32, 1, 1024));
     o.inflight_per_device = static_cast<uint32_t>(inf);
     GMUX_ASSIGN_OR_RETURN(int64_t mf, doc.Integer(*d, "max_frame_bytes",
@@ -220,8 +274,11 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(auto tenant_tables, doc.Tables(root, "tenant", false));
   for (const toml::table* tt : tenant_tables) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, {"name", "weight", "uids", "tokens"}));
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, {"name", "weight", "uids", "tokens",
+                                            "command_time_limit_s", "max_queued_commands",
+                                            "max_events", "max_objects", "max_bulk_bytes"}));
     TenantConfig tc;
+    GMUX_RETURN_IF_ERROR(read_limits(*tt, o.limits, tc.limits));
     GMUX_ASSIGN_OR_RETURN(tc.name, doc.String(*tt, "name", std::nullopt));
     GMUX_ASSIGN_OR_RETURN(tc.weight, doc.Number(*tt, "weight", 1.0, 1e-9));
     GMUX_ASSIGN_OR_RETURN(std::vector<double> uids, doc.Numbers(*tt, "uids", std::vector<double>{}));

@@ -31,9 +31,19 @@ enum class UnknownTokens {
   kShared,  // the client gets the tenant `default_tenant`
 };
 
+// Per-tenant limits ([limits] defaults, overridden per [[tenant]]). 0: no limit.
+struct TenantLimits {
+  double command_time_limit_s = 60;        // watchdog: one dispatch's time on a device
+  uint64_t max_queued_commands = 100000;   // per tenant: submitted, not completed
+  uint64_t max_events = 100000;            // per tenant: live event ids
+  uint64_t max_objects = 65536;            // per tenant: live OpenCL objects
+  uint64_t max_bulk_bytes = 2ull << 30;    // per tenant: staged transfer bytes
+};
+
 struct TenantConfig {
   std::string name;
   double weight = 1.0;
+  TenantLimits limits;
   std::vector<uint32_t> uids;  // local peers mapped to this tenant
   std::vector<std::string> tokens;  // TCP clients presenting one of these are this tenant
 };
@@ -56,7 +66,17 @@ struct DaemonOptions {
   std::string socket_path;                      // empty: DefaultSocketPath()
   std::string listen;                           // TCP "HOST:PORT"; empty: no TCP listener
   uint32_t socket_mode = 0666;                  // permissions of the socket file
-  uint32_t max_sessions = 256;
+  uint32_t max_sessions = 256;                  // identified sessions only
+  double handshake_timeout_s = 5;               // a connection must say hello by then
+  uint32_t max_unidentified = 64;               // connections that have not said hello yet
+  uint32_t max_connections_per_identity = 64;   // per uid (Unix) or token (TCP)
+  std::vector<uint32_t> admin_uids;             // see every tenant in Stats (root always)
+  std::vector<std::string> admin_tokens;
+  std::string worker_path;                      // empty: gmux-worker beside gmuxd
+  std::string worker_user = "nobody";           // TCP tenants' workers (when run as root)
+  uint32_t spare_workers = 1;                   // started ahead, per uid, for fast connects
+  std::string state_dir;                        // empty: "gmux-state" beside the socket
+  TenantLimits limits;                          // [limits]: every tenant's defaults
   uint64_t max_bulk_bytes_per_session = 2ull << 30;  // staged upload bytes one session may hold
   uint32_t inflight_per_device = 32;            // dispatched, unfinished commands per device
   proto::FrameLimits frame;

@@ -6,23 +6,12 @@
 
 namespace gmux::daemon {
 
-Executor::Executor(uint32_t device, OnComplete on_complete)
-    : device_(device), on_complete_(std::move(on_complete)) {}
-
-Executor::~Executor() { Stop(); }
-
-void Executor::Start() { thread_ = std::thread([this] { Loop(); }); }
-
-void Executor::Stop() {
-  if (!thread_.joinable()) return;
-  stopping_ = true;
-  mailbox_.Post([] {});
-  thread_.join();
-}
+Executor::Executor(uint32_t device, Mailbox& loop, OnComplete on_complete)
+    : device_(device), on_complete_(std::move(on_complete)), loop_(loop) {}
 
 void Executor::Run(std::vector<Job> jobs) {
-  mailbox_.Post([this, js = std::move(jobs)]() mutable {
-    for (auto& j : js) Enqueue(std::move(j));
+  {
+    for (auto& j : jobs) Enqueue(std::move(j));
     // Flush so the device starts (some backends only launch on flush), once per batch and queue.
     for (const auto& q : unflushed_) Dispatch(q->h).clFlush(q->h);
     unflushed_.clear();
@@ -30,32 +19,39 @@ void Executor::Run(std::vector<Job> jobs) {
     // have usually finished too and are collected without a wake-up each (see OnDone).
     for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) {
       if (!(*it)->done) {
-        if (!(*it)->watched) Watch(**it);
+        if (!(*it)->watched) Watch(*it);
         break;
       }
     }
     Deliver();
-  });
-}
-
-void Executor::Watch(Entry& e) {
-  e.watched = true;
-  cl_event ev = e.ev->h;
-  if (Dispatch(ev).clSetEventCallback(ev, CL_COMPLETE, &Executor::OnEvent, &e) != CL_SUCCESS) {
-    Dispatch(ev).clWaitForEvents(1, &ev);
-    cl_int st = CL_COMPLETE;
-    Dispatch(ev).clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, nullptr);
-    e.status = st;
-    e.done = true;
   }
 }
 
-void Executor::OnDone(Entry* e, cl_int status) {
+void Executor::Watch(const std::shared_ptr<Entry>& e) {
+  e->watched = true;
+  cl_event ev = e->ev->h;
+  // The callback owns a reference to the entry: it may fire after the entry was collected.
+  auto* ref = new std::shared_ptr<Entry>(e);
+  callbacks_.fetch_add(1);
+  if (Dispatch(ev).clSetEventCallback(ev, CL_COMPLETE, &Executor::OnEvent, ref) != CL_SUCCESS) {
+    delete ref;
+    callbacks_.fetch_sub(1);
+    Dispatch(ev).clWaitForEvents(1, &ev);
+    cl_int st = CL_COMPLETE;
+    Dispatch(ev).clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st, nullptr);
+    e->status = st;
+    e->done = true;
+  }
+}
+
+void Executor::OnDone(const std::shared_ptr<Entry>& e, cl_int status) {
+  callbacks_.fetch_sub(1);
+  if (e->done) return;  // already collected by polling (and perhaps delivered)
   e->status = status;
   e->done = true;
   // Collect the earlier commands that finished meanwhile; watch those still running.
   for (auto& x : inflight_) {
-    if (x.get() == e) break;
+    if (x == e) break;
     if (x->done) continue;
     cl_int st = CL_QUEUED;
     Dispatch(x->ev->h).clGetEventInfo(x->ev->h, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(st), &st,
@@ -64,29 +60,17 @@ void Executor::OnDone(Entry* e, cl_int status) {
       x->status = st;
       x->done = true;
     } else if (!x->watched) {
-      Watch(*x);
+      Watch(x);
     }
   }
   Deliver();
 }
 
-void Executor::Loop() {
-  for (;;) {
-    if (stopping_ && inflight_.empty()) {
-      // Drain anything still posted (commands run normally so their sessions get answers).
-      auto t = mailbox_.Take(std::chrono::steady_clock::now());
-      if (!t) return;
-      (*t)();
-      continue;
-    }
-    auto t = mailbox_.Take(std::nullopt);
-    if (t) (*t)();
-  }
-}
-
 void CL_CALLBACK Executor::OnEvent(cl_event, cl_int status, void* user) {
-  auto* e = static_cast<Entry*>(user);
-  e->self->mailbox_.Post([e, status] { e->self->OnDone(e, status); });
+  std::shared_ptr<Entry> e = std::move(*static_cast<std::shared_ptr<Entry>*>(user));
+  delete static_cast<std::shared_ptr<Entry>*>(user);
+  Executor* self = e->self;
+  self->loop_.Post([self, e = std::move(e), status] { self->OnDone(e, status); });
 }
 
 void Executor::Enqueue(Job job) {
@@ -146,6 +130,7 @@ void Executor::Enqueue(Job job) {
 
 void Executor::Deliver() {
   std::vector<core::Completion> batch;
+  std::vector<std::shared_ptr<Entry>> finished;
   while (!inflight_.empty() && inflight_.front()->done) {
     std::shared_ptr<Entry> e = std::move(inflight_.front());
     inflight_.pop_front();
@@ -174,13 +159,18 @@ void Executor::Deliver() {
         c.last_chunk.reset();
       }
     }
-    if (e->job.last) {
-      if (c.finished) c.finished(status);
-      c.event->Complete(status);
-    }
+    e->status = status;
     batch.push_back(done);
+    if (e->job.last) finished.push_back(std::move(e));
   }
+  // The scheduler first: delivering to the client may block on its socket, which must never
+  // hold up the device for other tenants.
   if (!batch.empty()) on_complete_(device_, std::move(batch));
+  for (auto& e : finished) {
+    Command& c = *e->job.cmd;
+    if (c.finished) c.finished(e->status);
+    c.event->Complete(e->status);
+  }
 }
 
 }  // namespace gmux::daemon

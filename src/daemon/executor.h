@@ -1,10 +1,12 @@
 // Executor: runs one device's dispatched commands on the backend and reports their completion.
 //
-// Owns its thread. Run() posts a command; the thread enqueues it on the backend (with the
-// backend events of its wait list), and when the backend event completes (a callback posts to
-// the thread) it delivers results in dispatch order: Command::finished, then the event's
-// completion (its waiters), then the Completion to the scheduler with the device-measured
-// START->END time. Commands of closed sessions are not run.
+// Has no thread of its own: it lives on its owner's loop thread (a worker's WorkerQueue), whose
+// mailbox receives the backend's completion callbacks. Run() enqueues commands on the backend
+// (with the backend events of their wait lists) at once; when a backend event completes (the
+// callback posts to the loop) it delivers results in dispatch order: first the Completions to
+// the scheduler with the device-measured START->END time, then Command::finished and the
+// event's completion (its waiters; these may write to the client). Commands of closed sessions
+// are not run.
 //
 // A Job may be one chunk of a split kernel launch: chunks of one launch run in order, each
 // waiting for the previous chunk's backend event (so the last chunk's completion means the whole
@@ -16,7 +18,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <thread>
 
 #include "core/model.h"
 #include "daemon/command.h"
@@ -37,15 +38,14 @@ class Executor {
   // Receives the completions of one delivery round, in dispatch order.
   using OnComplete = std::function<void(uint32_t device, std::vector<core::Completion> done)>;
 
-  Executor(uint32_t device, OnComplete on_complete);
-  ~Executor();
+  // `loop` is the owner thread's mailbox: completion callbacks are posted there.
+  Executor(uint32_t device, Mailbox& loop, OnComplete on_complete);
 
-  void Start();
-  // Finishes what is in flight, then stops the thread.
-  void Stop();
-
-  // Thread-safe. Commands run in the order given.
+  // On the loop thread. Commands run in the order given.
   void Run(std::vector<Job> jobs);
+
+  // Nothing in flight and no completion callback outstanding: safe to destroy.
+  bool Idle() const { return inflight_.empty() && callbacks_.load() == 0; }
 
  private:
   struct Entry {
@@ -58,19 +58,21 @@ class Executor {
   };
   static void CL_CALLBACK OnEvent(cl_event ev, cl_int status, void* user);
 
-  void Loop();
   void Enqueue(Job job);
-  void Watch(Entry& e);
-  void OnDone(Entry* e, cl_int status);
+  void Watch(const std::shared_ptr<Entry>& e);
+  void OnDone(const std::shared_ptr<Entry>& e, cl_int status);
   void Deliver();
 
   const uint32_t device_;
   OnComplete on_complete_;
-  Mailbox mailbox_;
-  std::thread thread_;
-  std::deque<std::shared_ptr<Entry>> inflight_;  // executor thread only
-  std::vector<Ref<cl_command_queue>> unflushed_;  // executor thread only
-  std::atomic<bool> stopping_{false};
+  Mailbox& loop_;
+  std::deque<std::shared_ptr<Entry>> inflight_;  // loop thread only
+  std::vector<Ref<cl_command_queue>> unflushed_;  // loop thread only
+  // Completion callbacks registered with the backend and not yet delivered to the loop. Each
+  // owns a reference to its entry (an entry can be collected by polling and leave inflight_
+  // before its callback fires), and the owner does not destroy the executor while any is
+  // outstanding (Idle()), so a late callback never reaches a freed entry or executor.
+  std::atomic<uint64_t> callbacks_{0};
 };
 
 }  // namespace gmux::daemon

@@ -2,6 +2,9 @@
 // Any thread posts tasks; the owner runs them in order on its own thread. Thread-safe.
 #pragma once
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -15,12 +18,48 @@ class Mailbox {
  public:
   using Task = std::function<void()>;
 
+  Mailbox() = default;
+  ~Mailbox() {
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
+
+  // For an owner thread that also polls descriptors: an eventfd made readable by Post() (and
+  // cleared by TryTakeAll()). Call before any Post().
+  int EnableWakeFd() {
+    if (wake_fd_ < 0) wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    return wake_fd_;
+  }
+
   void Post(Task t) {
+    bool was_empty;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      was_empty = tasks_.empty();
       tasks_.push_back(std::move(t));
     }
-    cv_.notify_one();
+    if (wake_fd_ >= 0) {
+      if (was_empty) {
+        uint64_t one = 1;
+        (void)!::write(wake_fd_, &one, sizeof(one));
+      }
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+  // Every task posted so far, without waiting (the wake fd is cleared first, so a Post racing
+  // with this call makes the fd readable again).
+  std::deque<Task> TryTakeAll() {
+    if (wake_fd_ >= 0) {
+      uint64_t n;
+      (void)!::read(wake_fd_, &n, sizeof(n));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    std::deque<Task> out;
+    out.swap(tasks_);
+    return out;
   }
 
   // Waits for a task, `deadline` or Close(). nullopt on timeout or when closed and drained.
@@ -60,6 +99,7 @@ class Mailbox {
   std::condition_variable cv_;
   std::deque<Task> tasks_;
   bool closed_ = false;
+  int wake_fd_ = -1;
 };
 
 }  // namespace gmux::daemon

@@ -1,8 +1,12 @@
 #include "daemon/scheduler.h"
 
+#include <sys/epoll.h>
 #include <time.h>
+#include <unistd.h>
 
-#include <cassert>
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <future>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +23,9 @@ uint64_t ThreadCpuNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// How often the watchdog looks while anything is in flight.
+constexpr std::chrono::milliseconds kWatchdogTick{20};
+
 }  // namespace
 
 Result<std::unique_ptr<Scheduler>> Scheduler::Create(
@@ -32,63 +39,63 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(
     core::PolicySpec per = o != per_device.end() ? o->second : spec;
     per.device = devices[i];
     GMUX_ASSIGN_OR_RETURN(s->devices_[i].policy, core::MakePolicy(per));
-    Scheduler* self = s.get();
-    s->devices_[i].executor = std::make_unique<Executor>(
-        static_cast<uint32_t>(i), [self](uint32_t device, std::vector<core::Completion> done) {
-          self->mailbox_.Post([self, device, d = std::move(done)] { self->OnComplete(device, d); });
-        });
   }
+  s->mailbox_.EnableWakeFd();
   return s;
 }
 
 Scheduler::~Scheduler() { Stop(); }
 
-void Scheduler::Start() {
-  for (auto& d : devices_) d.executor->Start();
+void Scheduler::Start(WorkerGone on_worker_gone) {
+  on_worker_gone_ = std::move(on_worker_gone);
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;  // the mailbox; workers use their session id (never 0)
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, mailbox_.EnableWakeFd(), &ev);
   thread_ = std::thread([this] { Loop(); });
 }
 
 void Scheduler::Stop() {
   if (!thread_.joinable()) return;
-  // Executors first: their completions post here, and this thread must still be running to
-  // take them; then the scheduler thread.
-  for (auto& d : devices_) d.executor->Stop();
-  stop_ = true;
-  mailbox_.Close();
+  mailbox_.Post([this] {
+    for (auto& [id, w] : workers_) Drop(*w, GoneReason::kStopped);
+    stop_ = true;
+  });
   thread_.join();
+  workers_.clear();
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  epoll_fd_ = -1;
 }
 
 TimePoint Scheduler::Now() const {
   return TimePoint(std::chrono::duration_cast<Duration>(std::chrono::steady_clock::now() - epoch_));
 }
 
-void Scheduler::AddTenant(TenantId tenant, double weight, const std::string& name) {
-  mailbox_.Post([this, tenant, weight, name] {
-    if (tenants_.count(tenant) != 0) return;
-    TenantStats& t = tenants_[tenant];
+void Scheduler::AddTenant(TenantId tenant, double weight, const std::string& name,
+                          Duration command_time_limit) {
+  mailbox_.Post([this, tenant, weight, name, command_time_limit] {
+    auto [it, fresh] = tenants_.try_emplace(tenant);
+    TenantStats& t = it->second;
+    if (!fresh && t.in_policy) return;
     t.name = name;
     t.weight = weight;
+    t.command_time_limit = command_time_limit;
+    t.in_policy = true;
     for (auto& d : devices_) d.policy->AddTenant({tenant, name, weight}, Now());
   });
 }
 
 void Scheduler::RemoveTenant(TenantId tenant) {
   mailbox_.Post([this, tenant] {
-    if (tenants_.erase(tenant) == 0) return;
-    auto it = staging_.find(tenant);
-    if (it != staging_.end()) {
-      for (auto& c : it->second) {
-        c->event->staged = false;
-        c->event->Complete(CL_INVALID_OPERATION);
-        outstanding_.fetch_sub(1);
-      }
-      staging_.erase(it);
-    }
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end() || !it->second.in_policy) return;
+    // Its counters stay for `gmux status`; its V-channels go.
+    it->second.in_policy = false;
     for (auto& d : devices_) {
       d.policy->RemoveTenant(tenant, Now());
       for (auto q = d.queued.begin(); q != d.queued.end();) {
-        if (q->second->tenant == tenant) {
-          q->second->event->Complete(CL_INVALID_OPERATION);
+        if (q->second.worker->tenant == tenant) {
           outstanding_.fetch_sub(1);
           q = d.queued.erase(q);
         } else {
@@ -100,107 +107,234 @@ void Scheduler::RemoveTenant(TenantId tenant) {
   });
 }
 
-void Scheduler::Submit(std::shared_ptr<Command> cmd) {
-  std::vector<std::shared_ptr<Command>> one;
-  one.push_back(std::move(cmd));
-  Submit(std::move(one));
-}
-
-void Scheduler::Submit(std::vector<std::shared_ptr<Command>> cmds) {
-  if (cmds.empty()) return;
-  outstanding_.fetch_add(cmds.size());
-  mailbox_.Post([this, cs = std::move(cmds)]() mutable {
-    for (auto& c : cs) Accept(std::move(c));
-    Release();
-    Pump();
+void Scheduler::AddWorker(uint64_t session, TenantId tenant, int fd, pid_t pid) {
+  mailbox_.Post([this, session, tenant, fd, pid] {
+    auto w = std::make_unique<Worker>();
+    w->session = session;
+    w->tenant = tenant;
+    w->fd = fd;
+    w->pid = pid;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = session;
+    if (session == 0 || workers_.count(session) != 0 ||
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      ::close(fd);
+      if (on_worker_gone_) on_worker_gone_(session, pid, GoneReason::kMalformed);
+      return;
+    }
+    ++tenants_[tenant].sessions;
+    workers_[session] = std::move(w);
   });
 }
 
-void Scheduler::Accept(std::shared_ptr<Command> c) {
-  if (tenants_.count(c->tenant) == 0 || c->device >= devices_.size()) {
-    c->event->Complete(CL_INVALID_OPERATION);
-    if (c->finished) c->finished(CL_INVALID_OPERATION);
-    outstanding_.fetch_sub(1);
-    return;
-  }
-  c->event->staged = true;
-  staging_[c->tenant].push_back(std::move(c));
-}
-
-void Scheduler::Rescan() {
-  mailbox_.Post([this] {
-    Release();
-    Pump();
+void Scheduler::SetLimits(uint64_t session, const ctl::Limits& limits) {
+  mailbox_.Post([this, session, limits] {
+    auto it = workers_.find(session);
+    if (it == workers_.end() || it->second->dead) return;
+    // One small record on a channel sized for bursts; a worker that lets it fill is not waited
+    // for (it keeps its previous share).
+    ctl::Send(it->second->fd, ctl::Type::kLimits, &limits, sizeof(limits), 1, -1, true)
+        .IgnoreError();
   });
 }
 
-bool Scheduler::Blocked(const Command& c) const {
-  auto blocks = [&](const std::shared_ptr<EventRecord>& d) {
-    if (d->user()) return d->status() == CL_SUBMITTED;  // not set yet
-    if (d->staged) return true;
-    if (d->device() != c.device && !d->dispatched && !d->done()) return true;
-    return false;
-  };
-  for (const auto& d : c.deps) {
-    if (blocks(d)) return true;
-  }
-  for (const auto& d : c.order_deps) {
-    if (blocks(d)) return true;
-  }
-  return false;
+void Scheduler::CountWorkerDeath(TenantId tenant, bool watchdog) {
+  mailbox_.Post([this, tenant, watchdog] {
+    ++worker_deaths_;
+    TenantStats& t = tenants_[tenant];
+    ++t.worker_deaths;
+    if (watchdog) ++t.watchdog_kills;
+  });
 }
 
-void Scheduler::Release() {
-  // Repeat until nothing moves: releasing one tenant's command can unblock another's.
-  bool moved = true;
-  while (moved) {
-    moved = false;
-    for (auto& [tenant, list] : staging_) {
-      for (auto it = list.begin(); it != list.end();) {
-        Command& c = **it;
-        if (Blocked(c)) {
-          ++it;
-          continue;
-        }
-        c.event->staged = false;
-        c.block.id = next_block_++;
-        c.block.tenant = tenant;
-        c.block.arrival = Now();
-        TenantStats& ts = tenants_[tenant];
-        ++ts.commands;
-        if (c.block.kind == core::BlockKind::kKernel) ts.total_items += c.block.work_items;
-        DeviceState& d = devices_[c.device];
-        d.queued[c.block.id] = *it;
-        d.policy->Submit(c.block, Now());
-        it = list.erase(it);
-        moved = true;
+void Scheduler::OnMessage(Worker& w, const ctl::Message& m) {
+  switch (m.type) {
+    case ctl::Type::kReady:
+      if (m.body.size() % sizeof(ctl::Ready) != 0) return Drop(w, GoneReason::kMalformed);
+      return OnReady(w, m.As<ctl::Ready>());
+    case ctl::Type::kDone:
+      if (m.body.size() % sizeof(ctl::Done) != 0) return Drop(w, GoneReason::kMalformed);
+      return OnDone(w, m.As<ctl::Done>());
+    case ctl::Type::kStatsQuery: {
+      auto q = m.As<ctl::StatsQuery>();
+      if (q.size() != 1) return Drop(w, GoneReason::kMalformed);
+      std::string text = StatusNow(w.tenant);
+      const size_t room = ctl::kMaxMessageBytes - sizeof(ctl::Header) - sizeof(uint64_t);
+      if (text.size() > room) text = "{}";
+      std::vector<uint8_t> body(sizeof(uint64_t) + text.size());
+      std::memcpy(body.data(), &q[0].seq, sizeof(uint64_t));
+      std::memcpy(body.data() + sizeof(uint64_t), text.data(), text.size());
+      ctl::Send(w.fd, ctl::Type::kStatsReply, body.data(), 1, body.size(), -1, true)
+          .IgnoreError();
+      return;
+    }
+    default:
+      return Drop(w, GoneReason::kMalformed);
+  }
+}
+
+void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
+  auto t = tenants_.find(w.tenant);
+  for (const ctl::Ready& r : ready) {
+    // A worker runs tenant code: check everything against what a real session can send.
+    const bool kernel = r.kind == static_cast<uint8_t>(core::BlockKind::kKernel);
+    const bool known_kind = r.kind <= static_cast<uint8_t>(core::BlockKind::kMarker);
+    const bool split = r.splittable == static_cast<uint8_t>(core::Splittable::kYes);
+    if (r.device >= devices_.size() || !known_kind || r.splittable > 1 ||
+        (split && (!kernel || r.work_groups == 0 || r.work_items % r.work_groups != 0)) ||
+        w.blocks.count(r.cmd) != 0) {
+      return Drop(w, GoneReason::kMalformed);
+    }
+    if (t == tenants_.end() || !t->second.in_policy) continue;  // the tenant is leaving
+    core::CommandBlock b;
+    b.id = next_block_++;
+    b.tenant = w.tenant;
+    b.kind = static_cast<core::BlockKind>(r.kind);
+    b.work_items = r.work_items;
+    b.work_groups = r.work_groups;
+    b.bytes = r.bytes;
+    b.splittable = static_cast<core::Splittable>(r.splittable);
+    b.arrival = Now();
+    DeviceState& d = devices_[r.device];
+    d.queued[b.id] = Queued{&w, r.cmd, r.device, r.work_items};
+    w.blocks[r.cmd] = b.id;
+    ++t->second.commands;
+    if (kernel) t->second.total_items += r.work_items;
+    outstanding_.fetch_add(1);
+    d.policy->Submit(b, Now());
+  }
+}
+
+void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
+  const TimePoint now = Now();
+  for (const ctl::Done& r : done) {
+    bool found = false;
+    for (auto& d : devices_) {
+      auto it = std::find_if(d.inflight.begin(), d.inflight.end(), [&](const Flight& f) {
+        return f.worker == &w && f.cmd == r.cmd && f.range.begin == r.begin &&
+               f.range.end == r.end;
+      });
+      if (it == d.inflight.end()) continue;
+      found = true;
+      Flight f = *it;
+      const bool head = it == d.inflight.begin();
+      d.inflight.erase(it);
+      if (head) d.head_since = now;
+      // The device's own START->END, but never more than the broker saw pass.
+      const Duration wall = now - f.released;
+      const Duration used = std::min(Duration(static_cast<int64_t>(
+                                         std::min<uint64_t>(r.device_ns, INT64_MAX))),
+                                     wall);
+      auto t = tenants_.find(f.tenant);
+      if (t != tenants_.end()) {
+        TenantStats& ts = t->second;
+        if (ts.inflight > 0) --ts.inflight;
+        ts.device_time_s += ToSeconds(used);
+        ts.processed_items += f.range.size();
+        if (f.last) ++ts.completed;
+      }
+      d.policy->Complete({f.tenant, f.block, f.range, used, f.last}, now);
+      if (f.last) outstanding_.fetch_sub(1);
+      break;
+    }
+    if (!found) return Drop(w, GoneReason::kMalformed);
+  }
+}
+
+void Scheduler::Drop(Worker& w, GoneReason why) {
+  if (w.dead) return;
+  w.dead = true;
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, w.fd, nullptr);
+  ::close(w.fd);
+  w.fd = -1;
+  w.out.clear();
+  const TimePoint now = Now();
+  for (auto& d : devices_) {
+    for (auto q = d.queued.begin(); q != d.queued.end();) {
+      if (q->second.worker == &w) {
+        outstanding_.fetch_sub(1);
+        q = d.queued.erase(q);
+      } else {
+        ++q;
       }
     }
+    for (auto it = d.inflight.begin(); it != d.inflight.end();) {
+      if (it->worker != &w) {
+        ++it;
+        continue;
+      }
+      // Charged what it held the device for: the policy sees every dispatch complete.
+      const bool head = it == d.inflight.begin();
+      Flight f = *it;
+      it = d.inflight.erase(it);
+      if (head) d.head_since = now;
+      auto t = tenants_.find(f.tenant);
+      if (t != tenants_.end() && t->second.inflight > 0) --t->second.inflight;
+      d.policy->Complete({f.tenant, f.block, f.range, now - f.released, f.last}, now);
+      if (f.last) outstanding_.fetch_sub(1);
+    }
+  }
+  auto t = tenants_.find(w.tenant);
+  if (t != tenants_.end() && t->second.sessions > 0) --t->second.sessions;
+  if (on_worker_gone_) on_worker_gone_(w.session, w.pid, why);
+}
+
+void Scheduler::Watchdog() {
+  const TimePoint now = Now();
+  for (auto& d : devices_) {
+    if (d.inflight.empty()) continue;
+    const Flight& f = d.inflight.front();
+    auto t = tenants_.find(f.tenant);
+    if (t == tenants_.end() || t->second.command_time_limit.count() <= 0) continue;
+    const TimePoint since = std::max(f.released, d.head_since);
+    if (now - since <= t->second.command_time_limit) continue;
+    std::fprintf(stderr,
+                 "gmuxd: watchdog: tenant '%s' (session %llu, worker pid %d) held a device "
+                 "%.1f s, past its command time limit of %.1f s; ending its session\n",
+                 t->second.name.c_str(), static_cast<unsigned long long>(f.worker->session),
+                 static_cast<int>(f.worker->pid), ToSeconds(now - since),
+                 ToSeconds(t->second.command_time_limit));
+    ++t->second.watchdog_kills;
+    Drop(*f.worker, GoneReason::kWatchdog);
   }
 }
 
 void Scheduler::Pump() {
-  bool dispatched_any = false;
-  for (auto& d : devices_) {
-    std::vector<Job> batch;
-    while (d.inflight < inflight_limit_) {
+  for (size_t di = 0; di < devices_.size(); ++di) {
+    DeviceState& d = devices_[di];
+    while (d.inflight.size() < inflight_limit_) {
       auto pick = d.policy->Pick(Now());
       if (!pick) break;
       auto it = d.queued.find(pick->block);
-      if (it == d.queued.end()) continue;  // a dropped tenant's block
-      Job job;
-      job.cmd = it->second;
-      job.range = pick->range;
-      job.last = pick->last;
-      const core::CommandBlock& b = job.cmd->block;
-      job.whole = pick->last && pick->range.begin == 0 && pick->range.end == b.work_items;
-      // A policy splits only splittable blocks; without run_chunk the range cannot be honoured.
-      assert(job.whole || job.cmd->run_chunk);
+      if (it == d.queued.end()) {
+        // A dropped worker's block: the policy counts it in flight until it completes.
+        d.policy->Complete({pick->tenant, pick->block, pick->range, Duration(0), pick->last},
+                           Now());
+        continue;
+      }
+      Queued q = it->second;
+      Flight f;
+      f.worker = q.worker;
+      f.cmd = q.cmd;
+      f.block = pick->block;
+      f.tenant = pick->tenant;
+      f.range = pick->range;
+      f.last = pick->last;
+      f.released = Now();
+      if (d.inflight.empty()) d.head_since = f.released;
+      d.inflight.push_back(f);
+      ctl::Release r;
+      r.cmd = q.cmd;
+      r.begin = pick->range.begin;
+      r.end = pick->range.end;
+      r.last = pick->last ? 1 : 0;
+      r.whole = pick->last && pick->range.begin == 0 && pick->range.end == q.work_items ? 1 : 0;
+      q.worker->out.push_back(r);
       if (pick->last) {
-        job.cmd->event->dispatched = true;
+        q.worker->blocks.erase(q.cmd);
         d.queued.erase(it);
       }
-      ++d.inflight;
       ++d.dispatches;
       ++dispatches_;
       auto t = tenants_.find(pick->tenant);
@@ -208,44 +342,91 @@ void Scheduler::Pump() {
         ++t->second.dispatches;
         ++t->second.inflight;
       }
-      batch.push_back(std::move(job));
-      dispatched_any = true;
     }
-    if (!batch.empty()) d.executor->Run(std::move(batch));
   }
-  // A dispatch can unblock another device's staged command.
-  if (dispatched_any && devices_.size() > 1) Release();
 }
 
-void Scheduler::OnComplete(uint32_t device, const std::vector<core::Completion>& done) {
-  DeviceState& d = devices_[device];
-  for (const auto& c : done) {
-    if (d.inflight > 0) --d.inflight;
-    auto t = tenants_.find(c.tenant);
-    if (t != tenants_.end()) {
-      TenantStats& ts = t->second;
-      if (ts.inflight > 0) --ts.inflight;
-      ts.device_time_s += ToSeconds(c.device_time);
-      ts.processed_items += c.range.size();
-      if (c.last) ++ts.completed;
-      d.policy->Complete(c, Now());
-    }
-    if (c.last) outstanding_.fetch_sub(1);
+void Scheduler::SendReleases() {
+  for (auto& [id, w] : workers_) {
+    if (w->dead || w->out.empty()) continue;
+    size_t sent = 0;
+    gmux::Status s = ctl::Send(w->fd, ctl::Type::kRelease, w->out.data(), sizeof(ctl::Release),
+                         w->out.size(), -1, /*dont_wait=*/true, &sent);
+    w->out.erase(w->out.begin(), w->out.begin() + static_cast<ptrdiff_t>(sent));
+    // A worker that does not read its channel is not waited for: the rest goes next round (and
+    // its dispatches count against it, so the watchdog ends it if it never takes them).
+    if (!s.ok() && s.code() != StatusCode::kResourceExhausted) Drop(*w, GoneReason::kClosed);
   }
-  Release();
-  Pump();
 }
 
-std::string Scheduler::Status() {
-  if (stop_.load()) return "{}";
+void Scheduler::Loop() {
+  epoll_event evs[64];
+  while (!stop_) {
+    int timeout_ms = -1;
+    std::optional<TimePoint> next;
+    for (auto& d : devices_) {
+      if (auto t = d.policy->NextTimer()) next = next ? std::min(*next, *t) : *t;
+      if (!d.inflight.empty()) {
+        TimePoint w = Now() + kWatchdogTick;
+        next = next ? std::min(*next, w) : w;
+      }
+    }
+    bool pending_out = false;
+    for (auto& [id, w] : workers_) pending_out = pending_out || !w->out.empty();
+    if (pending_out) next = Now() + std::chrono::milliseconds(1);
+    if (next) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Now()).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
+    }
+    int n = ::epoll_wait(epoll_fd_, evs, 64, timeout_ms);
+    // CPU time of this thread, so preemption on a loaded host does not count as cost.
+    const uint64_t t0 = ThreadCpuNs();
+    for (int i = 0; i < n; ++i) {
+      const uint64_t key = evs[i].data.u64;
+      if (key == 0) {
+        for (auto& task : mailbox_.TryTakeAll()) task();
+        continue;
+      }
+      auto it = workers_.find(key);
+      if (it == workers_.end() || it->second->dead) continue;
+      Worker& w = *it->second;
+      for (int k = 0; k < 64 && !w.dead; ++k) {
+        auto m = ctl::Receive(w.fd, /*dont_wait=*/true);
+        if (!m.ok()) {
+          if (m.status().code() == StatusCode::kResourceExhausted) break;
+          Drop(w, m.status().code() == StatusCode::kDataLoss ? GoneReason::kMalformed
+                                                             : GoneReason::kClosed);
+          break;
+        }
+        if (m->fd >= 0) ::close(m->fd);  // workers pass no descriptors
+        OnMessage(w, *m);
+      }
+    }
+    const TimePoint now = Now();
+    for (auto& d : devices_) {
+      if (auto t = d.policy->NextTimer(); t && *t <= now) d.policy->Tick(now);
+    }
+    Pump();
+    Watchdog();
+    Pump();
+    SendReleases();
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      it = it->second->dead ? workers_.erase(it) : std::next(it);
+    }
+    busy_ns_ += ThreadCpuNs() - t0;
+  }
+}
+
+std::string Scheduler::Status(std::optional<TenantId> only) {
+  if (stop_.load() || !thread_.joinable()) return "{}";
   auto promise = std::make_shared<std::promise<std::string>>();
   std::future<std::string> f = promise->get_future();
-  mailbox_.Post([this, promise] { promise->set_value(StatusNow()); });
+  mailbox_.Post([this, promise, only] { promise->set_value(StatusNow(only)); });
   if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return "{}";
   return f.get();
 }
 
-std::string Scheduler::StatusNow() const {
+std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
   using nlohmann::json;
   json j;
   j["inflight_per_device"] = inflight_limit_;
@@ -255,7 +436,7 @@ std::string Scheduler::StatusNow() const {
     const DeviceState& d = devices_[i];
     devs.push_back(json{{"index", i},
                         {"policy", std::string(d.policy->name())},
-                        {"inflight", d.inflight},
+                        {"inflight", d.inflight.size()},
                         {"queued_commands", d.queued.size()},
                         {"dispatches", d.dispatches}});
   }
@@ -265,9 +446,11 @@ std::string Scheduler::StatusNow() const {
   for (const auto& [id, t] : tenants_) {
     if (t.total_items > t.processed_items || t.commands > t.completed) ++active;
   }
-  j["active_tenants"] = active;
+  if (!only) j["active_tenants"] = active;
+  j["worker_deaths"] = worker_deaths_;
   json ts = json::array();
   for (const auto& [id, t] : tenants_) {
+    if (only && id != *only) continue;
     json x{{"id", id},
            {"name", t.name},
            {"weight", t.weight},
@@ -279,7 +462,11 @@ std::string Scheduler::StatusNow() const {
            {"completed_commands", t.completed},
            {"dispatches", t.dispatches},
            {"inflight", t.inflight},
-           {"device_time_s", t.device_time_s}};
+           {"device_time_s", t.device_time_s},
+           {"sessions", t.sessions},
+           {"worker_deaths", t.worker_deaths},
+           {"watchdog_kills", t.watchdog_kills},
+           {"command_time_limit_s", ToSeconds(t.command_time_limit)}};
     size_t pending = 0;
     for (const auto& d : devices_) {
       pending += d.policy->Pending(id);
@@ -301,31 +488,6 @@ std::string Scheduler::StatusNow() const {
                                                                    static_cast<double>(dispatches_)
                                                              : 0.0}};
   return j.dump();
-}
-
-void Scheduler::Loop() {
-  for (;;) {
-    std::optional<std::chrono::steady_clock::time_point> deadline;
-    for (auto& d : devices_) {
-      if (auto t = d.policy->NextTimer()) {
-        auto at = epoch_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                               t->time_since_epoch());
-        if (!deadline || at < *deadline) deadline = at;
-      }
-    }
-    auto task = mailbox_.Take(deadline);
-    if (task) {
-      // CPU time of this thread, so preemption on a loaded host does not count as cost.
-      const uint64_t t0 = ThreadCpuNs();
-      (*task)();
-      busy_ns_ += ThreadCpuNs() - t0;
-    } else if (mailbox_.closed()) {
-      return;
-    } else {
-      for (auto& d : devices_) d.policy->Tick(Now());
-      Pump();
-    }
-  }
 }
 
 }  // namespace gmux::daemon

@@ -1,45 +1,52 @@
-// Scheduler: the daemon's one scheduling thread. It owns one core::Policy per device (each
-// tenant is one V-channel of it), the tenants' staging lists, and the count of commands in
-// flight per device.
+// Scheduler: the broker's one scheduling thread. It owns one core::Policy per device (each
+// tenant is one V-channel of it), every worker's control channel, the count of dispatches in
+// flight per device, and the watchdog.
 //
-// Flow: a session Submit()s a Command. It waits in its tenant's staging list while it cannot
-// yet be handed to a device: while it depends on a user event not yet set, on a command still
-// staged, or on a command of another device not yet dispatched. Then it is submitted to its
-// device's policy as a CommandBlock. Whenever a device has fewer than `inflight_per_device`
-// commands in flight, the scheduler asks the policy to Pick() and hands the chosen command to
-// that device's Executor; the executor's completion goes back to the policy with the measured
-// device time. Every public method is thread-safe (it posts to the scheduler thread).
+// Flow: a worker sends ctl::Ready for each command whose dependencies allow it to run (the
+// worker holds the rest; worker_queue.h). The scheduler submits it to its device's policy as a
+// CommandBlock of the worker's tenant. Whenever a device has fewer than `inflight_per_device`
+// dispatches in flight, it asks the policy to Pick() and sends the chosen command (or chunk of
+// it) to its worker as ctl::Release; the worker's ctl::Done goes back to the policy with the
+// measured device time (capped by the wall time the broker saw, so a worker cannot claim more
+// than it could have used; see docs/policies.md).
 //
-// Reordering happens only where the policy puts it: across tenants. A tenant's commands reach
-// its V-channel in the order the session decoded them, a command enters the policy only once
-// every event it depends on (wait list, queue order, barriers) is no longer staged, and a policy
-// never reorders inside one tenant (policy.h). A splittable launch may be dispatched as several
-// chunks (Dispatch::range); it stays in `queued` until its last chunk is dispatched, counts once
-// in Outstanding(), and each chunk's measured START->END goes to Policy::Complete().
+// The thread polls every worker's channel and its own mailbox's eventfd, so a release and a
+// completion each cost one wake-up. A worker that closes its channel, sends anything malformed,
+// or holds a device past its tenant's command time limit (the watchdog) is dropped: its blocks
+// leave the policies, its dispatches stop counting, and `on_worker_gone` tells the broker (which
+// kills and reaps the process).
 //
 // Monitoring (Kang & Yu Section 4.2), event-based: per tenant, work-items submitted (total),
 // completed (processed) and not yet completed (remaining), plus the number of active tenants
-// (work pending or in flight); also commands, dispatches and device time. Status() returns it.
+// (work pending or in flight); also commands, dispatches, device time and worker deaths.
+// Status() returns it. Every public method is thread-safe (it posts to the scheduler thread).
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "core/policy.h"
-#include "daemon/command.h"
-#include "daemon/executor.h"
+#include "daemon/control.h"
 #include "daemon/mailbox.h"
 
 namespace gmux::daemon {
 
 class Scheduler {
  public:
+  // Why a worker was dropped (for the broker's log and `gmux status`).
+  enum class GoneReason { kClosed, kMalformed, kWatchdog, kStopped };
+  using WorkerGone = std::function<void(uint64_t session, pid_t pid, GoneReason why)>;
+
   // One policy per device, built from `spec` (spec.device is filled per device from `devices`).
   // `per_device` replaces `spec` (name and params) for the devices it names.
   static Result<std::unique_ptr<Scheduler>> Create(
@@ -48,54 +55,88 @@ class Scheduler {
       const std::map<uint32_t, core::PolicySpec>& per_device = {});
   ~Scheduler();
 
-  void Start();
-  // Stops the thread and the executors (after what is in flight finishes).
+  void Start(WorkerGone on_worker_gone = nullptr);
   void Stop();
 
-  void AddTenant(TenantId tenant, double weight, const std::string& name = "");
-  void RemoveTenant(TenantId tenant);  // drops its staged and queued commands
-  void Submit(std::shared_ptr<Command> cmd);
-  void Submit(std::vector<std::shared_ptr<Command>> cmds);  // in order, one hand-over
-  void Rescan();  // a user event was set: staged commands may now be released
+  // `command_time_limit` 0: no watchdog for this tenant.
+  void AddTenant(TenantId tenant, double weight, const std::string& name = "",
+                 Duration command_time_limit = Duration(0));
+  void RemoveTenant(TenantId tenant);  // drops its queued blocks
+  // A worker serving session `session` of `tenant` (process `pid`, 0 for in-process tests) on
+  // the control channel `fd`, which the scheduler owns and closes from now on.
+  void AddWorker(uint64_t session, TenantId tenant, int fd, pid_t pid);
+  // Counts a worker death for `gmux status` (the broker learns the cause when it reaps).
+  void CountWorkerDeath(TenantId tenant, bool watchdog);
+  // Sends a worker its session's new share of the tenant's limits (ctl::kLimits).
+  void SetLimits(uint64_t session, const ctl::Limits& limits);
 
   // Commands submitted and not yet completed (all tenants).
   uint64_t Outstanding() const { return outstanding_.load(); }
 
-  // A JSON object describing the devices (policy, commands in flight), every tenant's counters
-  // and the scheduler thread's own cost per dispatch (docs/operations.md, "gmux status").
-  // Waits for the scheduler thread (at most ~2 s; "{}" when it does not answer).
-  std::string Status();
+  // A JSON object describing the devices (policy, dispatches in flight), the tenants' counters
+  // (only `only`'s when given) and the scheduler thread's own cost per dispatch
+  // (docs/operations.md, "gmux status"). Waits for the scheduler thread (at most ~2 s).
+  std::string Status(std::optional<TenantId> only = std::nullopt);
 
  private:
   Scheduler() = default;
+  struct Worker {
+    uint64_t session = 0;
+    TenantId tenant = 0;
+    int fd = -1;
+    pid_t pid = 0;
+    std::unordered_map<uint64_t, BlockId> blocks;  // the worker's command id -> our block
+    std::vector<ctl::Release> out;                 // releases not yet sent
+    bool dead = false;
+  };
+  struct Queued {
+    Worker* worker = nullptr;
+    uint64_t cmd = 0;
+    uint32_t device = 0;
+    uint64_t work_items = 0;
+  };
+  struct Flight {
+    Worker* worker = nullptr;
+    uint64_t cmd = 0;
+    BlockId block = 0;
+    TenantId tenant = 0;
+    core::WorkRange range;
+    bool last = true;
+    TimePoint released{};
+  };
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;
     uint64_t dispatches = 0;
-    std::unique_ptr<Executor> executor;
-    uint32_t inflight = 0;
-    std::unordered_map<BlockId, std::shared_ptr<Command>> queued;  // in the policy
+    std::unordered_map<BlockId, Queued> queued;  // in the policy
+    std::deque<Flight> inflight;                 // in release order
+    TimePoint head_since{};                      // when the oldest dispatch became the oldest
   };
 
   void Loop();
   TimePoint Now() const;
-  void Release();        // staging -> policies
-  void Pump();           // policies -> executors
-  bool Blocked(const Command& c) const;
-  void OnComplete(uint32_t device, const std::vector<core::Completion>& done);
-  void Accept(std::shared_ptr<Command> c);
+  void Pump();
+  void OnMessage(Worker& w, const ctl::Message& m);
+  void OnReady(Worker& w, const std::vector<ctl::Ready>& ready);
+  void OnDone(Worker& w, const std::vector<ctl::Done>& done);
+  void Drop(Worker& w, GoneReason why);
+  void Watchdog();
+  void SendReleases();
 
   uint32_t inflight_limit_ = 4;
   Mailbox mailbox_;
   std::thread thread_;
+  WorkerGone on_worker_gone_;
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   std::atomic<uint64_t> outstanding_{0};
   std::atomic<bool> stop_{false};
+  int epoll_fd_ = -1;
   // Scheduler-thread state.
   std::vector<DeviceState> devices_;
-  std::map<TenantId, std::deque<std::shared_ptr<Command>>> staging_;
+  std::unordered_map<uint64_t, std::unique_ptr<Worker>> workers_;  // by session
   struct TenantStats {
     std::string name;
     double weight = 1;
+    Duration command_time_limit{0};
     uint64_t commands = 0;            // released to a policy
     uint64_t completed = 0;           // commands whose last dispatch completed
     uint64_t dispatches = 0;          // chunks and whole commands
@@ -103,9 +144,14 @@ class Scheduler {
     uint64_t processed_items = 0;     // kernel work-items completed
     uint64_t inflight = 0;            // dispatches on a device now
     double device_time_s = 0;         // sum of measured START->END
+    uint64_t worker_deaths = 0;       // workers that died or were killed
+    uint64_t watchdog_kills = 0;      // of which by the watchdog
+    uint64_t sessions = 0;            // workers connected now
+    bool in_policy = false;           // has V-channels (a session is or was connected)
   };
   std::map<TenantId, TenantStats> tenants_;
-  std::string StatusNow() const;
+  uint64_t worker_deaths_ = 0;
+  std::string StatusNow(std::optional<TenantId> only) const;
   // Cost of the scheduler thread itself: its CPU time handling submissions and completions.
   uint64_t busy_ns_ = 0;
   uint64_t dispatches_ = 0;

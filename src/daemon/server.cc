@@ -10,11 +10,22 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
 #include <kj/exception.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <set>
+
+#include "daemon/control.h"
+#include "daemon/session.h"
 
 namespace gmux::daemon {
 
@@ -34,7 +45,39 @@ core::DeviceInfo DescribeDevice(const Backend& b, cl_device_id dev) {
   return info;
 }
 
+// The frame limit before a hello: a hello is a few hundred bytes.
+constexpr uint32_t kPreHelloPayloadBytes = 64 * 1024;
+// A worker's start-up (exec, opening the backend) must not take longer.
+constexpr std::chrono::seconds kWorkerStartTimeout{60};
+// A worker whose client left gets this long to exit by itself before it is killed.
+constexpr std::chrono::seconds kWorkerExitGrace{2};
+// Spare workers of a uid (other than the daemon's own) outlive its last session by this much,
+// so a program run again at once finds one, and a uid that has gone costs nothing after it.
+constexpr std::chrono::seconds kSpareLinger{3};
+
+extern "C" char** environ;
+
 }  // namespace
+
+struct Server::Pending {
+  int fd = -1;
+  bool tcp = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
+  std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address
+  std::chrono::steady_clock::time_point deadline;
+  std::vector<uint8_t> buf;
+  size_t need = proto::kHeaderBytes;
+  bool have_header = false;
+  bool said_hello = false;  // a control connection: the next frame is its request
+  bool control = false;
+  bool admin = false;
+  bool waiting = false;  // identified; waits for a worker of `key`
+  WorkerKey key;
+  TenantConfig tenant;
+  TenantId tenant_id = 0;
+};
 
 Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   GMUX_RETURN_IF_ERROR(options.Validate());
@@ -48,6 +91,31 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   GMUX_ASSIGN_OR_RETURN(s->scheduler_,
                         Scheduler::Create(spec, devices, options.inflight_per_device,
                                           DevicePolicySpecs(options)));
+  s->root_ = ::geteuid() == 0;
+  s->tcp_uid_ = ::geteuid();
+  s->tcp_gid_ = ::getegid();
+  if (s->root_) {
+    passwd* pw = ::getpwnam(options.worker_user.c_str());
+    if (pw == nullptr) {
+      return InvalidArgument("worker_user '" + options.worker_user + "' does not exist");
+    }
+    s->tcp_uid_ = pw->pw_uid;
+    s->tcp_gid_ = pw->pw_gid;
+  }
+  s->worker_path_ = options.worker_path;
+  if (s->worker_path_.empty()) {
+    std::error_code ec;
+    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    s->worker_path_ = (self.parent_path() / "gmux-worker").string();
+  }
+  if (::access(s->worker_path_.c_str(), X_OK) != 0) {
+    return FailedPrecondition("cannot run the worker program " + s->worker_path_ +
+                              " (set [daemon] worker_path)");
+  }
+  s->state_dir_ = options.state_dir.empty()
+                      ? (std::filesystem::path(s->socket_path_).parent_path() / "gmux-state")
+                            .string()
+                      : options.state_dir;
   return s;
 }
 
@@ -94,9 +162,16 @@ Status Server::Start() {
       return tcp;
     }
   }
-  if (::pipe2(wake_pipe_, O_CLOEXEC) != 0) return Unavailable("pipe failed");
-  scheduler_->Start();
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return Unavailable("pipe failed");
+  scheduler_->Start([this](uint64_t session, pid_t pid, Scheduler::GoneReason why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_.emplace_back(session, pid, why);
+    }
+    char c = 1;
+    (void)!::write(wake_pipe_[1], &c, 1);
+  });
+  thread_ = std::thread([this] { Loop(); });
   return Status::Ok();
 }
 
@@ -135,26 +210,13 @@ Status Server::StartTcp() {
   return Status::Ok();
 }
 
+
 void Server::Stop() {
   if (stopping_.exchange(true)) return;
-  if (accept_thread_.joinable()) {
+  if (thread_.joinable()) {
     char c = 1;
     (void)!::write(wake_pipe_[1], &c, 1);
-    accept_thread_.join();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : conns_) ::shutdown(c->core->fd, SHUT_RDWR);
-  }
-  for (;;) {
-    std::unique_ptr<Conn> c;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (conns_.empty()) break;
-      c = std::move(conns_.front());
-      conns_.pop_front();
-    }
-    if (c->thread.joinable()) c->thread.join();
+    thread_.join();
   }
   if (scheduler_) scheduler_->Stop();
   if (listen_fd_ >= 0) {
@@ -174,184 +236,740 @@ void Server::Stop() {
 
 size_t Server::SessionCount() const {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t n = 0;
-  for (const auto& c : conns_) n += c->finished ? 0 : 1;
-  return n;
+  return sessions_.size();
 }
 
 bool Server::WaitForNoSessions(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
-  return sessions_cv_.wait_for(lock, timeout, [&] {
-    for (const auto& c : conns_) {
-      if (!c->finished) return false;
-    }
-    return true;
-  });
+  return sessions_cv_.wait_for(lock, timeout, [&] { return sessions_.empty(); });
 }
 
-void Server::ReapFinished() {
-  std::list<std::unique_ptr<Conn>> done;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = conns_.begin(); it != conns_.end();) {
-      if ((*it)->finished) {
-        done.push_back(std::move(*it));
-        it = conns_.erase(it);
-      } else {
-        ++it;
+void Server::ReleaseIdentity(const std::string& identity) {
+  if (!identity.empty() && --identity_conns_[identity] <= 0) identity_conns_.erase(identity);
+}
+
+bool Server::IsAdmin(const Pending& p) const {
+  if (p.tcp) {
+    const std::string tok = p.identity.substr(6);
+    return std::find(options_.admin_tokens.begin(), options_.admin_tokens.end(), tok) !=
+           options_.admin_tokens.end();
+  }
+  return p.uid == 0 || p.uid == ::geteuid() ||
+         std::find(options_.admin_uids.begin(), options_.admin_uids.end(), p.uid) !=
+             options_.admin_uids.end();
+}
+
+void Server::Loop() {
+  // Spare workers for the daemon's own user, so its first client connects fast.
+  if (options_.spare_workers > 0) TopUpSpares({::geteuid(), ::getegid(), false});
+  std::vector<pollfd> fds;
+  while (!stopping_) {
+    const auto now = std::chrono::steady_clock::now();
+    int timeout_ms = 1000;
+    for (const auto& p : pending_) {
+      if (p->waiting) continue;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(p->deadline - now).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, timeout_ms));
+    }
+    if (!reaping_.empty()) timeout_ms = std::min(timeout_ms, 50);
+    fds.clear();
+    fds.push_back({wake_pipe_[0], POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({tcp_fd_, static_cast<short>(tcp_fd_ >= 0 ? POLLIN : 0), 0});
+    for (const auto& p : pending_) {
+      fds.push_back({p->fd, static_cast<short>(p->waiting ? 0 : POLLIN), 0});
+    }
+    for (const auto& w : spawning_) fds.push_back({w.ctl, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), timeout_ms);
+    if (stopping_) break;
+    if ((fds[0].revents & POLLIN) != 0) {
+      char buf[256];
+      while (::read(wake_pipe_[0], buf, sizeof(buf)) > 0) {
       }
     }
+    // Workers the scheduler dropped.
+    for (;;) {
+      std::tuple<uint64_t, pid_t, Scheduler::GoneReason> g;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (gone_.empty()) break;
+        g = gone_.front();
+        gone_.pop_front();
+      }
+      OnWorkerGone(std::get<0>(g), std::get<1>(g), std::get<2>(g));
+    }
+    // Workers starting (their first message) and spares (a message or a close means it died).
+    const size_t base = 3 + pending_.size();
+    std::vector<size_t> dead;
+    for (size_t i = 0; i < spawning_.size(); ++i) {
+      if ((fds[base + i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      Spawned& w = spawning_[i];
+      auto m = ctl::Receive(w.ctl, /*dont_wait=*/true);
+      if (m.ok() && m->fd >= 0) ::close(m->fd);
+      if (m.ok() && m->type == ctl::Type::kWorkerUp && !w.up) {
+        w.up = true;
+        continue;
+      }
+      if (!m.ok() && m.status().code() == StatusCode::kResourceExhausted) continue;
+      dead.push_back(i);
+    }
+    for (size_t i = 0; i < spawning_.size(); ++i) {
+      if (!spawning_[i].up && now - spawning_[i].started > kWorkerStartTimeout) dead.push_back(i);
+    }
+    std::sort(dead.begin(), dead.end());
+    dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+    for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
+      Spawned w = spawning_[*it];
+      spawning_.erase(spawning_.begin() + static_cast<ptrdiff_t>(*it));
+      std::fprintf(stderr, "gmuxd: worker pid %d failed to start (see its messages above)\n",
+                   static_cast<int>(w.pid));
+      ::close(w.ctl);
+      ::kill(w.pid, SIGKILL);
+      reaping_.push_back({w.pid, 0, Scheduler::GoneReason::kClosed, now, true});
+      if (!w.cache_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(w.cache_dir, ec);
+      }
+      // Connections waiting for this kind of worker get an answer rather than a hang.
+      bool other = false;
+      for (const auto& s : spawning_) other = other || s.key == w.key;
+      if (!other) {
+        for (auto& p : pending_) {
+          if (p->waiting && p->key == w.key) {
+            ReplyError(p->fd, 1, "gmuxd: cannot start a worker process for this session");
+            p->deadline = now;  // dropped below
+            p->waiting = false;
+          }
+        }
+      }
+    }
+    // Hand ready workers to waiting connections, oldest first.
+    for (size_t i = 0; i < spawning_.size();) {
+      if (!spawning_[i].up) {
+        ++i;
+        continue;
+      }
+      auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) {
+        return p->waiting && p->key == spawning_[i].key;
+      });
+      if (it == pending_.end()) {
+        ++i;
+        continue;
+      }
+      std::unique_ptr<Pending> p = std::move(*it);
+      pending_.erase(it);
+      Spawned w = spawning_[i];
+      spawning_.erase(spawning_.begin() + static_cast<ptrdiff_t>(i));
+      WorkerKey key = w.key;
+      Assign(std::move(p), std::move(w));
+      TopUpSpares(key);
+    }
+    // Handshakes; and connections waiting for a worker whose client has gone (their worker
+    // would only find the connection closed).
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (3 + i >= fds.size() || fds[3 + i].fd != pending_[i]->fd) continue;
+      const short ev = fds[3 + i].revents;
+      if (pending_[i]->waiting) {
+        if ((ev & (POLLHUP | POLLERR)) != 0) {
+          pending_[i]->waiting = false;
+          pending_[i]->deadline = now;  // dropped below
+        }
+      } else if ((ev & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        OnReadable(*pending_[i]);
+      }
+    }
+    const auto later = std::chrono::steady_clock::now();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Pending& p = **it;
+      if (p.fd >= 0 && (p.waiting || later < p.deadline)) {
+        ++it;
+        continue;
+      }
+      if (p.fd >= 0) ::close(p.fd);
+      ReleaseIdentity(p.identity);
+      it = pending_.erase(it);
+    }
+    if ((fds[1].revents & POLLIN) != 0) Accept(listen_fd_, false);
+    if (tcp_fd_ >= 0 && (fds[2].revents & POLLIN) != 0) Accept(tcp_fd_, true);
+    RetireSpares();
+    Reap();
   }
-  for (auto& c : done) c->thread.join();
-}
-
-void Server::AcceptLoop() {
-  for (;;) {
-    pollfd fds[3] = {{wake_pipe_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}};
-    int n = ::poll(fds, tcp_fd_ >= 0 ? 3 : 2, 1000);
-    if (stopping_) return;
-    ReapFinished();
-    if (n <= 0) continue;
-    for (int which = 1; which <= 2; ++which) {
-      if ((fds[which].revents & POLLIN) != 0) Accept(fds[which].fd, /*tcp=*/which == 2);
+  // Stopping: every worker ends now, whatever it is doing.
+  for (auto& p : pending_) ::close(p->fd);
+  pending_.clear();
+  std::vector<pid_t> all;
+  for (auto& w : spawning_) {
+    ::close(w.ctl);
+    all.push_back(w.pid);
+  }
+  spawning_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, s] : sessions_) all.push_back(s.pid);
+    sessions_.clear();
+  }
+  sessions_cv_.notify_all();
+  for (auto& r : reaping_) all.push_back(r.pid);
+  for (pid_t pid : all) ::kill(pid, SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (pid_t pid : all) {
+    while (::waitpid(pid, nullptr, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
 }
 
 void Server::Accept(int listen_fd, bool tcp) {
-  int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  if (tcp) {
-    // Requests and replies are small frames that must leave at once.
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::fcntl(listen_fd, F_SETFL, ::fcntl(listen_fd, F_GETFL) | O_NONBLOCK);
+  for (int n = 0; n < 64; ++n) {
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &peer_len,
+                       SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    auto p = std::make_unique<Pending>();
+    p->fd = fd;
+    p->tcp = tcp;
+    if (tcp) {
+      char host[NI_MAXHOST] = "?";
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&peer), peer_len, host, sizeof(host), nullptr, 0,
+                    NI_NUMERICHOST);
+      p->origin = std::string("address ") + host;
+    } else {
+      ucred cred{};
+      socklen_t len = sizeof(cred);
+      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        ::close(fd);
+        continue;
+      }
+      p->uid = cred.uid;
+      p->gid = cred.gid;
+      p->origin = "uid " + std::to_string(cred.uid);
+    }
+    if (!MakeRoomForUnidentified(p->origin)) {
+      ReplyError(fd, 0, "gmuxd: too many connections of " + p->origin +
+                            " are waiting to say hello (max_unidentified)");
+      ::close(fd);
+      continue;
+    }
+    p->deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(options_.handshake_timeout_s * 1e3));
+    if (tcp) {
+      // Requests and replies are small frames that must leave at once.
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    } else {
+      p->identity = "uid:" + std::to_string(p->uid);
+      if (identity_conns_[p->identity] >= static_cast<int>(options_.max_connections_per_identity)) {
+        ReplyError(fd, 1, "gmuxd: too many connections for uid " + std::to_string(p->uid) +
+                              " (max_connections_per_identity)");
+        ::close(fd);
+        continue;
+      }
+      ++identity_conns_[p->identity];
+    }
+    pending_.push_back(std::move(p));
   }
-  auto conn = std::make_unique<Conn>();
-  conn->core = std::make_shared<SessionCore>();
-  conn->core->fd = fd;
-  conn->core->id = next_session_++;
-  conn->core->limits = options_.frame;
-  conn->core->tcp = tcp;
-  Conn* raw = conn.get();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    conns_.push_back(std::move(conn));
-  }
-  raw->thread = std::thread([this, raw] { Serve(raw); });
 }
 
-Result<TenantId> Server::Handshake(SessionCore& core, bool tcp, std::string& error) {
-  proto::FrameHeader header;
-  auto msg = proto::ReadFrame(core.fd, proto::FrameKind::kRequest, core.limits, &header);
-  if (!msg.ok()) {
-    error = msg.status().message();
-    return msg.status();
+bool Server::MakeRoomForUnidentified(const std::string& origin) {
+  size_t unidentified = 0;
+  std::map<std::string, size_t> per_origin;
+  for (const auto& p : pending_) {
+    if (p->waiting || p->fd < 0) continue;
+    ++unidentified;
+    ++per_origin[p->origin];
   }
+  if (unidentified < options_.max_unidentified) return true;
+  // Full. The pool is shared fairly: a newcomer from an origin holding fewer of it than the
+  // greediest one takes the place of that one's oldest connection, so no uid or address can
+  // lock the others out by opening connections and saying nothing.
+  auto greediest = std::max_element(per_origin.begin(), per_origin.end(),
+                                    [](const auto& a, const auto& b) { return a.second < b.second; });
+  const size_t mine = per_origin.count(origin) != 0 ? per_origin[origin] : 0;
+  if (greediest == per_origin.end() || mine + 1 >= greediest->second) return false;
+  for (auto& p : pending_) {
+    if (p->waiting || p->fd < 0 || p->origin != greediest->first) continue;
+    ReplyError(p->fd, 0, "gmuxd: closed: too many connections of " + p->origin +
+                             " are waiting to say hello (max_unidentified)");
+    ::close(p->fd);
+    p->fd = -1;  // dropped by the loop
+    p->deadline = std::chrono::steady_clock::now();
+    return true;
+  }
+  return false;
+}
+
+void Server::OnReadable(Pending& p) {
+  while (p.buf.size() < p.need) {
+    const size_t at = p.buf.size();
+    p.buf.resize(p.need);
+    ssize_t n = ::recv(p.fd, p.buf.data() + at, p.need - at, 0);
+    if (n <= 0) {
+      p.buf.resize(at);
+      if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        p.deadline = std::chrono::steady_clock::now();  // gone: dropped by the loop
+      }
+      return;
+    }
+    p.buf.resize(at + static_cast<size_t>(n));
+    if (p.buf.size() < p.need) continue;
+    if (!p.have_header) {
+      proto::FrameLimits pre = options_.frame;
+      pre.max_payload_bytes = std::min(pre.max_payload_bytes, kPreHelloPayloadBytes);
+      auto h = proto::DecodeHeader(p.buf, pre);
+      if (!h.ok()) {
+        ReplyError(p.fd, 0, "gmuxd: " + h.status().message());
+        p.deadline = std::chrono::steady_clock::now();
+        return;
+      }
+      p.have_header = true;
+      p.need = proto::kHeaderBytes + h->payload_bytes;
+      continue;
+    }
+    if (!OnFrame(p)) {
+      p.deadline = std::chrono::steady_clock::now();
+      return;
+    }
+    p.buf.clear();
+    p.need = proto::kHeaderBytes;
+    p.have_header = false;
+    if (p.waiting || p.fd < 0) return;
+  }
+}
+
+bool Server::OnFrame(Pending& p) {
+  auto words = kj::heapArray<capnp::word>((p.buf.size() - proto::kHeaderBytes) / sizeof(capnp::word));
+  std::memcpy(words.begin(), p.buf.data() + proto::kHeaderBytes, p.buf.size() - proto::kHeaderBytes);
+  proto::FrameLimits pre = options_.frame;
+  pre.max_payload_bytes = std::min(pre.max_payload_bytes, kPreHelloPayloadBytes);
+  auto msg = proto::DecodePayload(std::move(words), proto::FrameKind::kRequest, pre);
+  if (!msg.ok()) {
+    ReplyError(p.fd, 0, "gmuxd: malformed request: " + msg.status().message());
+    return false;
+  }
+  bool is_hello = false, is_stats = false, control = false;
   uint32_t version = 0;
-  bool is_hello = false;
+  uint64_t seq = 0;
   std::string token;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto req = msg->root<wire::Request>();
+    seq = req.getSeq();
     is_hello = req.isHello();
+    is_stats = req.isStats();
     if (is_hello) {
       version = req.getHello().getProtocolVersion();
       token = req.getHello().getToken();
+      control = req.getHello().getControl();
     }
   })) {
-    error = "malformed hello";
-    return DataLoss(error);
+    ReplyError(p.fd, 0, "gmuxd: malformed hello");
+    return false;
+  }
+  if (p.said_hello) {
+    // A control connection's one request.
+    if (!is_stats) {
+      ReplyError(p.fd, seq, "gmuxd: a control connection may only ask for Stats");
+      return false;
+    }
+    ServeControl(p, seq);
+    return false;  // answered; closed
   }
   if (!is_hello) {
-    error = "the first request must be hello";
-    return InvalidArgument(error);
+    ReplyError(p.fd, seq, "gmuxd: the first request must be hello");
+    return false;
   }
   if (version != proto::kProtocolVersion) {
-    error = "client speaks protocol version " + std::to_string(version) + ", gmuxd speaks " +
-            std::to_string(proto::kProtocolVersion);
-    return FailedPrecondition(error);
+    ReplyError(p.fd, seq, "gmuxd: client speaks protocol version " + std::to_string(version) +
+                              ", gmuxd speaks " + std::to_string(proto::kProtocolVersion));
+    return false;
   }
   Result<TenantConfig> tenant = PermissionDenied("no identity");
-  if (tcp) {
+  if (p.tcp) {
     tenant = options_.TenantForToken(token);
-  } else {
-    ucred cred{};
-    socklen_t len = sizeof(cred);
-    if (::getsockopt(core.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      error = "cannot read peer credentials";
-      return PermissionDenied(error);
+    if (tenant.ok()) {
+      p.identity = "token:" + token;
+      if (identity_conns_[p.identity] >= static_cast<int>(options_.max_connections_per_identity)) {
+        p.identity.clear();
+        ReplyError(p.fd, seq, "gmuxd: too many connections for this token "
+                              "(max_connections_per_identity)");
+        return false;
+      }
+      ++identity_conns_[p.identity];
     }
-    tenant = options_.TenantForUid(cred.uid);
+  } else {
+    tenant = options_.TenantForUid(p.uid);
   }
   if (!tenant.ok()) {
-    error = tenant.status().message();
-    return tenant.status();
+    ReplyError(p.fd, seq, "gmuxd: " + tenant.status().message());
+    return false;
   }
-  TenantId id;
-  bool first = false;
+  p.tenant = *tenant;
+  auto it = tenant_ids_.find(p.tenant.name);
+  if (it == tenant_ids_.end()) {
+    it = tenant_ids_.emplace(p.tenant.name, static_cast<TenantId>(tenant_ids_.size())).first;
+  }
+  p.tenant_id = it->second;
+  p.admin = IsAdmin(p);
+  if (control) {
+    p.control = true;
+    p.said_hello = true;
+    if (!SendHelloReply(p.fd, p.tenant.name, 0).ok()) return false;
+    return true;
+  }
+  size_t sessions = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    size_t active = 0;
-    for (const auto& c : conns_) active += c->finished ? 0 : 1;
-    if (active > options_.max_sessions) {
-      error = "too many sessions";
-      return ResourceExhausted(error);
-    }
-    auto it = tenants_.find(tenant->name);
-    if (it == tenants_.end()) it = tenants_.emplace(tenant->name, static_cast<TenantId>(tenants_.size())).first;
-    id = it->second;
-    first = tenant_sessions_[id]++ == 0;
+    sessions = sessions_.size();
   }
-  if (first) scheduler_->AddTenant(id, tenant->weight, tenant->name);
-  core.tenant = id;
-  core.tenant_name = tenant->name;
-  return id;
+  for (const auto& q : pending_) sessions += q->waiting ? 1 : 0;
+  if (sessions >= options_.max_sessions) {
+    ReplyError(p.fd, seq, "gmuxd: too many sessions (max_sessions " +
+                              std::to_string(options_.max_sessions) + ")");
+    return false;
+  }
+  p.key = p.tcp ? WorkerKey{tcp_uid_, tcp_gid_, true}
+                : (root_ ? WorkerKey{p.uid, p.gid, false} : WorkerKey{::geteuid(), ::getegid(), false});
+  p.waiting = true;
+  TopUpSpares(p.key);
+  char c = 1;  // the loop hands it a worker (perhaps one already up)
+  (void)!::write(wake_pipe_[1], &c, 1);
+  return true;
 }
 
-void Server::Serve(Conn* conn) {
-  SessionCore& core = *conn->core;
-  std::string error;
-  auto tenant = Handshake(core, core.tcp, error);
+void Server::ServeControl(Pending& p, uint64_t seq) {
   capnp::MallocMessageBuilder b;
   auto rep = b.initRoot<wire::Reply>();
-  rep.setSeq(1);
-  if (!tenant.ok()) {
-    rep.setStatus(CL_INVALID_OPERATION);
-    rep.setMessage("gmuxd: " + error);
-    core.Send(b);
-  } else {
-    rep.setStatus(CL_SUCCESS);
-    auto h = rep.initHello();
-    h.setProtocolVersion(proto::kProtocolVersion);
-    h.setTenant(core.tenant_name);
-    h.setSession(core.id);
-    const auto& devs = backend_->devices();
-    auto list = h.initDevices(static_cast<unsigned>(devs.size()));
-    for (unsigned i = 0; i < devs.size(); ++i) {
-      list[i].setIndex(i);
-      list[i].setName(backend_->DeviceName(i));
-      cl_device_type type = 0;
-      backend_->cl().clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof(type), &type, nullptr);
-      list[i].setType(type);
-    }
-    core.Send(b);
-    {
-      Session session(conn->core, *backend_, *scheduler_, options_);
-      session.Serve().IgnoreError();
-      core.closed = true;
-    }  // the session's tables, and so its backend objects, go here
-    bool last = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      last = --tenant_sessions_[*tenant] == 0;
-    }
-    if (last) scheduler_->RemoveTenant(*tenant);
-  }
-  core.Close();
+  rep.setSeq(seq);
+  rep.setStatus(CL_SUCCESS);
+  auto s = rep.initStats();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    conn->finished = true;
+    uint32_t mine = 0;
+    for (const auto& [id, sess] : sessions_) mine += sess.tenant == p.tenant_id ? 1 : 0;
+    s.setSessions(p.admin ? static_cast<uint32_t>(sessions_.size()) : mine);
+  }
+  s.setPendingCommands(scheduler_->Outstanding());
+  s.setScheduler(p.admin ? scheduler_->Status() : scheduler_->Status(p.tenant_id));
+  // A reply to a small request from a peer that is waiting for it: a blocking write is bounded.
+  int flags = ::fcntl(p.fd, F_GETFL);
+  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
+  timeval tv{2, 0};
+  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
+}
+
+void Server::ReplyError(int fd, uint64_t seq, const std::string& message) {
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(seq);
+  rep.setStatus(CL_INVALID_OPERATION);
+  rep.setMessage(message);
+  proto::WriteFrame(fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
+}
+
+Status Server::SendHelloReply(int fd, const std::string& tenant, uint64_t session) {
+  capnp::MallocMessageBuilder b;
+  BuildHelloReply(b, *backend_, tenant, session);
+  return proto::WriteFrame(fd, proto::FrameKind::kReply, b, options_.frame);
+}
+
+std::string Server::CacheDirFor(const WorkerKey& key, uint64_t serial) {
+  if (!root_) return "";
+  std::error_code ec;
+  std::filesystem::path base = std::filesystem::path(state_dir_) / "pocl-cache";
+  std::filesystem::create_directories(base, ec);
+  ::chmod(state_dir_.c_str(), 0711);
+  ::chmod(base.c_str(), 0711);
+  // A local tenant's compiled kernels are kept for its next session, readable by its uid only;
+  // TCP tenants share one uid, so each worker of theirs gets a private cache, removed after it.
+  std::filesystem::path dir =
+      base / (key.tcp ? "w" + std::to_string(serial) : "uid-" + std::to_string(key.uid));
+  std::filesystem::create_directories(dir, ec);
+  if (::chown(dir.c_str(), key.uid, key.gid) != 0 || ::chmod(dir.c_str(), 0700) != 0) return "";
+  return dir.string();
+}
+
+Result<Server::Spawned> Server::Spawn(const WorkerKey& key) {
+  int fds[2];
+  GMUX_RETURN_IF_ERROR(ctl::Pair(fds));
+  const uint64_t serial = next_spawn_++;
+  Spawned w;
+  w.key = key;
+  w.cache_dir = CacheDirFor(key, serial);
+  // Everything the child needs is built before fork(): after it, only system calls.
+  std::vector<std::string> args = {worker_path_, "--control-fd", "3"};
+  if (!options_.backend.library.empty()) {
+    args.push_back("--backend-library");
+    args.push_back(options_.backend.library);
+  }
+  if (!options_.backend.vendors_dir.empty()) {
+    args.push_back("--vendors-dir");
+    args.push_back(options_.backend.vendors_dir);
+  }
+  if (!options_.backend.platform.empty()) {
+    args.push_back("--platform");
+    args.push_back(options_.backend.platform);
+  }
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view v(*e);
+    if (!w.cache_dir.empty() && (v.starts_with("POCL_CACHE_DIR=") || v.starts_with("HOME="))) {
+      continue;
+    }
+    env.emplace_back(v);
+  }
+  if (!w.cache_dir.empty()) {
+    env.push_back("POCL_CACHE_DIR=" + w.cache_dir);
+    env.push_back("HOME=" + w.cache_dir);
+  }
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const bool switch_user = root_ && key.uid != 0;
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return Unavailable("fork failed");
+  }
+  if (pid == 0) {
+    if (fds[1] == 3) {
+      ::fcntl(3, F_SETFD, 0);
+    } else if (::dup2(fds[1], 3) < 0) {
+      ::_exit(126);
+    }
+    // Nothing else of the daemon's crosses into a tenant's process: not other tenants' sockets,
+    // not descriptors that an embedding program opened without close-on-exec.
+    ::close_range(4, ~0U, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    rlimit core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &core);
+    if (switch_user) {
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(key.gid, key.gid, key.gid) != 0 ||
+          ::setresuid(key.uid, key.uid, key.uid) != 0) {
+        ::_exit(125);
+      }
+    }
+    ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  w.pid = pid;
+  w.ctl = fds[0];
+  w.started = std::chrono::steady_clock::now();
+  w.wanted = w.started;
+  if (!key.tcp) w.cache_dir.clear();  // kept for the uid's next sessions
+  return w;
+}
+
+void Server::TopUpSpares(const WorkerKey& key) {
+  // Spares for gmuxd's own user always; for another uid only once it has a session (a uid's
+  // first connection starts just the worker it needs, so a burst of new uids starts no more
+  // processes than it has connections).
+  bool has_session = key == WorkerKey{::geteuid(), ::getegid(), false};
+  if (!has_session) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, s] : sessions_) has_session = has_session || s.key == key;
+  }
+  size_t have = 0, want = has_session ? options_.spare_workers : 0;
+  for (const auto& w : spawning_) have += w.key == key ? 1 : 0;
+  for (const auto& p : pending_) want += (p->waiting && p->key == key) ? 1 : 0;
+  while (have < want) {
+    auto w = Spawn(key);
+    if (!w.ok()) {
+      std::fprintf(stderr, "gmuxd: cannot start a worker: %s\n", w.status().message().c_str());
+      return;
+    }
+    spawning_.push_back(std::move(*w));
+    ++have;
+  }
+}
+
+namespace {
+
+// A session's share of its tenant's limits: each divided among the tenant's `sessions`, so that
+// together they never hold more than the tenant may (docs/policies.md).
+ctl::Limits ShareOf(const TenantLimits& l, size_t sessions) {
+  const uint64_t n = std::max<size_t>(sessions, 1);
+  auto part = [n](uint64_t v) { return v == 0 ? 0 : std::max<uint64_t>(1, v / n); };
+  ctl::Limits s;
+  s.max_queued_commands = part(l.max_queued_commands);
+  s.max_events = part(l.max_events);
+  s.max_objects = part(l.max_objects);
+  s.max_bulk_bytes = part(l.max_bulk_bytes);
+  return s;
+}
+
+}  // namespace
+
+void Server::ShareLimits(TenantId tenant, uint64_t except) {
+  std::vector<std::pair<uint64_t, TenantLimits>> mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, s] : sessions_) {
+      if (s.tenant == tenant) mine.emplace_back(id, s.limits);
+    }
+  }
+  for (const auto& [id, l] : mine) {
+    if (id != except) scheduler_->SetLimits(id, ShareOf(l, mine.size()));
+  }
+}
+
+void Server::RetireSpares() {
+  const auto now = std::chrono::steady_clock::now();
+  const WorkerKey own{::geteuid(), ::getegid(), false};
+  std::set<WorkerKey> wanted;
+  for (const auto& p : pending_) {
+    if (p->waiting) wanted.insert(p->key);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, s] : sessions_) wanted.insert(s.key);
+  }
+  for (size_t i = 0; i < spawning_.size();) {
+    Spawned& w = spawning_[i];
+    if (w.key == own || wanted.count(w.key) != 0) {
+      w.wanted = now;
+      ++i;
+      continue;
+    }
+    if (now - w.wanted < kSpareLinger) {
+      ++i;
+      continue;
+    }
+    // Its channel closes: a spare waiting for a session exits by itself; one still starting
+    // (slow on a loaded host) is killed rather than waited for.
+    ::close(w.ctl);
+    if (!w.up) ::kill(w.pid, SIGKILL);
+    reaping_.push_back({w.pid, 0, Scheduler::GoneReason::kClosed, now, !w.up});
+    if (!w.cache_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(w.cache_dir, ec);
+    }
+    spawning_.erase(spawning_.begin() + static_cast<ptrdiff_t>(i));
+  }
+}
+
+void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
+  const uint64_t id = next_session_++;
+  ctl::Assign a;
+  a.session = id;
+  a.tenant = p->tenant_id;
+  a.tcp = p->tcp ? 1 : 0;
+  a.max_payload_bytes = options_.frame.max_payload_bytes;
+  a.limits = ShareOf(p->tenant.limits, static_cast<size_t>(tenant_sessions_[p->tenant_id]) + 1);
+  std::strncpy(a.tenant_name, p->tenant.name.c_str(), sizeof(a.tenant_name) - 1);
+  // The client's socket goes to the worker (blocking, as the worker reads it); the broker keeps
+  // no copy.
+  ::fcntl(p->fd, F_SETFL, ::fcntl(p->fd, F_GETFL) & ~O_NONBLOCK);
+  // Counted before the worker can answer the client's hello, so that a client that has its
+  // reply is always among the sessions.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sessions_[id] =
+        Served{id, p->tenant_id, p->tenant.name, w.pid, p->identity, w.cache_dir, w.key,
+               p->tenant.limits};
+  }
+  Status sent = ctl::Send(w.ctl, ctl::Type::kAssign, &a, sizeof(a), 1, p->fd);
+  ::close(p->fd);
+  p->fd = -1;
+  if (!sent.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      sessions_.erase(id);
+    }
+    sessions_cv_.notify_all();
+    ::close(w.ctl);
+    ::kill(w.pid, SIGKILL);
+    reaping_.push_back({w.pid, 0, Scheduler::GoneReason::kClosed, std::chrono::steady_clock::now(), true});
+    ReleaseIdentity(p->identity);
+    return;
+  }
+  if (tenant_sessions_[p->tenant_id]++ == 0) {
+    scheduler_->AddTenant(p->tenant_id, p->tenant.weight, p->tenant.name,
+                          std::chrono::duration_cast<Duration>(std::chrono::duration<double>(
+                              p->tenant.limits.command_time_limit_s)));
+  }
+  scheduler_->AddWorker(id, p->tenant_id, w.ctl, w.pid);
+  ShareLimits(p->tenant_id, id);
+}
+
+void Server::OnWorkerGone(uint64_t session, pid_t pid, Scheduler::GoneReason why) {
+  Served s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return;
+    s = it->second;
+    sessions_.erase(it);
   }
   sessions_cv_.notify_all();
+  ReleaseIdentity(s.identity);
+  if (--tenant_sessions_[s.tenant] <= 0) {
+    tenant_sessions_.erase(s.tenant);
+    scheduler_->RemoveTenant(s.tenant);
+  } else {
+    ShareLimits(s.tenant, 0);
+  }
+  const bool kill_now = why != Scheduler::GoneReason::kClosed;
+  if (kill_now) ::kill(pid, SIGKILL);
+  reaping_.push_back({pid, session, why, std::chrono::steady_clock::now(), kill_now});
+  std::lock_guard<std::mutex> lock(mu_);
+  reaped_info_[pid] = s;
+}
+
+void Server::Reap() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = reaping_.begin(); it != reaping_.end();) {
+    int st = 0;
+    pid_t r = ::waitpid(it->pid, &st, WNOHANG);
+    if (r == 0) {
+      if (!it->killed && now - it->since > kWorkerExitGrace) {
+        ::kill(it->pid, SIGKILL);
+        it->killed = true;
+      }
+      ++it;
+      continue;
+    }
+    Served s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto info = reaped_info_.find(it->pid);
+      if (info != reaped_info_.end()) {
+        s = info->second;
+        reaped_info_.erase(info);
+      }
+    }
+    if (it->session != 0 && r > 0) {
+      const bool watchdog = it->why == Scheduler::GoneReason::kWatchdog;
+      const bool malformed = it->why == Scheduler::GoneReason::kMalformed;
+      const bool signaled = WIFSIGNALED(st) && !(it->killed && WTERMSIG(st) == SIGKILL);
+      const bool failed = WIFEXITED(st) && WEXITSTATUS(st) != 0;
+      if (watchdog || malformed || signaled || failed) {
+        std::string how = watchdog    ? "ended by the watchdog"
+                          : malformed ? "ended: it broke the control protocol"
+                          : signaled  ? "died of signal " + std::to_string(WTERMSIG(st)) + " (" +
+                                           strsignal(WTERMSIG(st)) + ")"
+                                      : "exited with status " + std::to_string(WEXITSTATUS(st));
+        std::fprintf(stderr, "gmuxd: worker pid %d of tenant '%s' (session %llu) %s\n",
+                     static_cast<int>(it->pid), s.tenant_name.c_str(),
+                     static_cast<unsigned long long>(it->session), how.c_str());
+        scheduler_->CountWorkerDeath(s.tenant, watchdog);
+      }
+      if (!s.cache_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(s.cache_dir, ec);
+      }
+    }
+    it = reaping_.erase(it);
+  }
 }
 
 }  // namespace gmux::daemon

@@ -1,26 +1,37 @@
-// Server: gmuxd's listener and the owner of every daemon component.
+// Server: gmuxd, the broker. It owns the listeners, the handshakes, the tenants and their
+// limits, the scheduler, and the worker processes; it never calls the backend on a tenant's
+// behalf (it opens the backend only to describe its devices).
 //
-// Create() opens the backend platform and builds the scheduler (one policy per device);
-// Start() binds the Unix socket (and the TCP listener when `listen` is configured) and starts
-// the accept thread. Each accepted connection gets a session thread that performs the handshake
-// (protocol version; the tenant from the peer's credentials on the Unix socket, from the hello's
-// token over TCP, both through the config) and then serves the session until the client leaves; its
-// objects are released then. Stop() closes the listener, disconnects every session and joins
-// all threads. Public methods are thread-safe.
+// One broker thread runs an event loop (poll) over the listeners, the connections that have not
+// said hello yet (each with a deadline and a small frame limit), and the workers starting up.
+// After a valid hello it identifies the tenant (peer credentials on the Unix socket, the token
+// over TCP), applies the connection limits, and hands the connection to a worker process of its
+// own (gmux-worker, under the tenant's uid when gmuxd runs as root; `worker_user` for TCP
+// tenants): the client's socket is passed over the worker's control channel, so its traffic
+// reaches the worker with no extra hop. The scheduler thread talks to workers over their
+// control channels from then on (scheduler.h). A worker that dies ends its session only: the
+// broker reaps it, logs tenant, pid and signal, and counts the death for `gmux status`.
+//
+// Control connections (hello with `control`, as `gmux status` sends) are answered by the broker
+// itself: Stats with every tenant for root and the configured admins, the caller's own tenant
+// otherwise. Public methods are thread-safe.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
-#include <list>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/backend.h"
 #include "daemon/config.h"
 #include "daemon/scheduler.h"
-#include "daemon/session.h"
 
 namespace gmux::daemon {
 
@@ -31,47 +42,116 @@ class Server {
 
   // Binds and listens on the socket (a stale socket file is replaced), starts all threads.
   Status Start();
+  // Closes the listeners, kills every worker and stops; bounded in time whatever they do.
   void Stop();
 
   const std::string& socket_path() const { return socket_path_; }
   // The TCP port bound (the real one when the config asked for port 0); 0 without TCP.
   uint16_t tcp_port() const { return tcp_port_; }
   const Backend& backend() const { return *backend_; }
+  // Identified sessions now served by a worker.
   size_t SessionCount() const;
   // Blocks until no session is connected or `timeout` passes; true when none is left.
   bool WaitForNoSessions(std::chrono::milliseconds timeout) const;
 
  private:
   Server() = default;
-  struct Conn {
-    std::shared_ptr<SessionCore> core;
-    std::thread thread;
-    std::atomic<bool> finished{false};
+  // Who a worker runs as; spare workers are kept per key.
+  struct WorkerKey {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    bool tcp = false;
+    auto operator<=>(const WorkerKey&) const = default;
   };
+  struct Pending;  // a connection before its worker has it
+  struct Spawned {
+    pid_t pid = 0;
+    int ctl = -1;
+    WorkerKey key;
+    bool up = false;
+    std::chrono::steady_clock::time_point started;
+    // When its key last had a session or a connection waiting (spares of other keys linger
+    // only a little after their last session).
+    std::chrono::steady_clock::time_point wanted;
+    std::string cache_dir;  // removed when the worker is gone (TCP workers' private cache)
+  };
+  struct Served {  // a session as the broker knows it (its worker holds the real one)
+    uint64_t id = 0;
+    TenantId tenant = 0;
+    std::string tenant_name;
+    pid_t pid = 0;
+    std::string identity;
+    std::string cache_dir;
+    WorkerKey key;
+    TenantLimits limits;
+  };
+
   Status StartTcp();
-  void AcceptLoop();
+  void Loop();
   void Accept(int listen_fd, bool tcp);
-  void Serve(Conn* conn);
-  Result<TenantId> Handshake(SessionCore& core, bool tcp, std::string& error);
-  void ReapFinished();
+  // Room for one more connection from `origin` before hello: true when there is (perhaps by
+  // closing the oldest of the origin holding the most), false when the newcomer must go.
+  bool MakeRoomForUnidentified(const std::string& origin);
+  void OnReadable(Pending& p);
+  // The hello (or a control connection's request) is in: act on it. False: drop the connection.
+  bool OnFrame(Pending& p);
+  void ServeControl(Pending& p, uint64_t seq);
+  void ReplyError(int fd, uint64_t seq, const std::string& message);
+  Status SendHelloReply(int fd, const std::string& tenant, uint64_t session);
+  // Starts a worker for `key`; its WorkerUp arrives on its control channel.
+  Result<Spawned> Spawn(const WorkerKey& key);
+  void OnWorkerUp(Spawned& w);
+  void Assign(std::unique_ptr<Pending> p, Spawned w);
+  void TopUpSpares(const WorkerKey& key);
+  // Ends spare workers whose key has had no session nor connection for a while.
+  void RetireSpares();
+  void OnWorkerGone(uint64_t session, pid_t pid, Scheduler::GoneReason why);
+  // Sends each session of `tenant` (but `except`) its share of the tenant's limits.
+  void ShareLimits(TenantId tenant, uint64_t except);
+  void Reap();
+  std::string CacheDirFor(const WorkerKey& key, uint64_t serial);
+  bool IsAdmin(const Pending& p) const;
+  // One connection or session of `identity` ended (no-op for an empty identity).
+  void ReleaseIdentity(const std::string& identity);
 
   DaemonOptions options_;
   std::string socket_path_;
+  std::string worker_path_;
+  std::string state_dir_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Scheduler> scheduler_;
   int listen_fd_ = -1;
   int tcp_fd_ = -1;
   uint16_t tcp_port_ = 0;
   int wake_pipe_[2] = {-1, -1};
-  std::thread accept_thread_;
+  std::thread thread_;
   std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> next_session_{1};
+  bool root_ = false;
+  uid_t tcp_uid_ = 0;
+  gid_t tcp_gid_ = 0;
 
-  mutable std::mutex mu_;  // guards conns_, tenants_, tenant_sessions_
+  // Broker-thread state.
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::vector<Spawned> spawning_;               // started, or up and spare
+  std::map<std::string, TenantId> tenant_ids_;  // name -> dense id, for the policy
+  std::map<TenantId, int> tenant_sessions_;     // sessions per tenant
+  std::map<std::string, int> identity_conns_;   // per uid/token: pending + sessions
+  uint64_t next_session_ = 1;
+  uint64_t next_spawn_ = 1;
+  struct Reaping {
+    pid_t pid;
+    uint64_t session;
+    Scheduler::GoneReason why;
+    std::chrono::steady_clock::time_point since;
+    bool killed;
+  };
+  std::vector<Reaping> reaping_;
+
+  mutable std::mutex mu_;  // guards sessions_, gone_
   mutable std::condition_variable sessions_cv_;
-  std::list<std::unique_ptr<Conn>> conns_;
-  std::map<std::string, TenantId> tenants_;      // name -> dense id, for the policy
-  std::map<TenantId, int> tenant_sessions_;      // connected sessions per tenant
+  std::map<uint64_t, Served> sessions_;
+  std::map<pid_t, Served> reaped_info_;  // sessions whose worker is being reaped
+  std::deque<std::tuple<uint64_t, pid_t, Scheduler::GoneReason>> gone_;  // from the scheduler
 };
 
 }  // namespace gmux::daemon

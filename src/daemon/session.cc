@@ -16,26 +16,114 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 
 namespace gmux::daemon {
 
 namespace wire = proto::wire;
 
+SessionCore::~SessionCore() {
+  Close();
+  if (writer_.joinable()) writer_.join();
+  if (fd >= 0) ::close(fd);
+}
+
+namespace {
+// Replies (not read data, which the session's staging limit bounds) a client may leave unread
+// before it is cut off.
+constexpr size_t kMaxUnreadReplyBytes = 64u << 20;
+}  // namespace
+
 void SessionCore::Send(capnp::MessageBuilder& message) {
-  std::lock_guard<std::mutex> lock(send_mu_);
+  std::lock_guard<std::mutex> lock(out_mu_);
+  if (closed.load() || stop_) return;
+  if (out_.empty() && !writing_) {
+    auto rest = proto::WriteFrameNow(fd, proto::FrameKind::kReply, message, limits);
+    if (!rest.ok() || rest->empty()) return;
+    Queue(Out{std::move(*rest), nullptr});
+    return;
+  }
+  auto frame = proto::EncodeFrame(proto::FrameKind::kReply, message, limits);
+  if (frame.ok()) Queue(Out{std::move(*frame), nullptr});
+}
+
+void SessionCore::Queue(Out out) {
+  queued_bytes_ += out.bytes.size();
+  out_.push_back(std::move(out));
+  if (queued_bytes_ > kMaxUnreadReplyBytes) {
+    // The client has stopped reading: it is cut off rather than let the worker grow.
+    std::fprintf(stderr, "gmux-worker: session %llu of tenant '%s' left %zu bytes of replies "
+                 "unread: disconnected\n", static_cast<unsigned long long>(id),
+                 tenant_name.c_str(), queued_bytes_);
+    CloseLocked();
+    return;
+  }
+  if (!writer_.joinable()) {
+    writer_ = std::thread([this] { WriterLoop(); });
+  }
+  out_cv_.notify_one();
+}
+
+void SessionCore::Defer(std::function<void()> write) {
+  std::lock_guard<std::mutex> lock(out_mu_);
+  if (closed.load() || stop_) return;
+  Queue(Out{{}, std::move(write)});
+}
+
+void SessionCore::SendFromWriter(capnp::MessageBuilder& message) {
   if (closed.load()) return;
   proto::WriteFrame(fd, proto::FrameKind::kReply, message, limits).IgnoreError();
 }
 
-void SessionCore::Close() {
-  std::lock_guard<std::mutex> lock(send_mu_);
-  closed = true;
-  if (fd >= 0) {
-    ::shutdown(fd, SHUT_RDWR);
-    ::close(fd);
-    fd = -1;
+void SessionCore::WriterLoop() {
+  std::unique_lock<std::mutex> lock(out_mu_);
+  for (;;) {
+    out_cv_.wait(lock, [&] { return stop_ || !out_.empty(); });
+    if (stop_) return;
+    Out o = std::move(out_.front());
+    out_.pop_front();
+    queued_bytes_ -= o.bytes.size();
+    writing_ = true;
+    lock.unlock();
+    if (o.write) {
+      o.write();
+    } else if (!closed.load()) {
+      proto::WriteAll(fd, o.bytes).IgnoreError();
+    }
+    o = Out{};  // a deferred writer's data is released before the lock is taken again
+    lock.lock();
+    writing_ = false;
   }
+}
+
+void SessionCore::SetSessionLimits(const SessionLimits& l) {
+  {
+    std::lock_guard<std::mutex> lock(limits_mu_);
+    session_limits_ = l;
+  }
+  limits_generation.fetch_add(1);
+}
+
+SessionLimits SessionCore::SessionLimitsNow() const {
+  std::lock_guard<std::mutex> lock(limits_mu_);
+  return session_limits_;
+}
+
+void SessionCore::Close() {
+  std::lock_guard<std::mutex> lock(out_mu_);
+  CloseLocked();
+}
+
+void SessionCore::CloseLocked() {
+  closed = true;
+  stop_ = true;
+  out_.clear();
+  queued_bytes_ = 0;
+  out_cv_.notify_all();
+  // Wakes a writer blocked on a client that does not read; the descriptor stays open until the
+  // writer is joined.
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
 }
 
 void SessionCore::SendStatus(uint64_t seq, cl_int status, const std::string& message) {
@@ -176,20 +264,71 @@ struct ImageRegion {
   uint64_t host_bytes = 0;
 };
 
+// origin + region does not wrap around in any dimension. The backend checks the region against
+// the image's size, and PoCL 3.1 does so with the sum: a wrapped end passes, and a read, write
+// or fill of the image then runs far outside it.
+bool RegionEnds(const size_t origin[3], const size_t region[3]) {
+  size_t end = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (__builtin_add_overflow(origin[i], region[i], &end)) return false;
+  }
+  return true;
+}
+
 bool DecodeImageRegion(capnp::List<uint64_t>::Reader origin, capnp::List<uint64_t>::Reader region,
                        uint32_t image_type, size_t element_bytes, size_t row_pitch,
                        size_t slice_pitch, ImageRegion& out) {
   return Triple(origin, out.origin) && Triple(region, out.region) &&
+         RegionEnds(out.origin, out.region) &&
          proto::ImageHostBytes(image_type, out.region, element_bytes, row_pitch, slice_pitch,
                                out.host_bytes);
 }
 
 }  // namespace
 
-Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Scheduler& scheduler,
-                 const DaemonOptions& options)
-    : core_(std::move(core)), backend_(backend), cl_(backend.cl()), scheduler_(scheduler),
-      options_(options) {}
+Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, CommandSink& sink,
+                 SessionLimits limits)
+    : core_(std::move(core)), backend_(backend), cl_(backend.cl()), sink_(sink),
+      limits_(limits) {
+  for (cl_device_id d : backend_.devices()) {
+    DeviceLimits l;
+    cl_uint dims = 3, bits = 64;
+    size_t sizes[16] = {};
+    cl_ulong local = 0, alloc = 0;
+    cl_.clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS, sizeof(dims), &dims, nullptr);
+    cl_.clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(sizes), sizes, nullptr);
+    cl_.clGetDeviceInfo(d, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof(l.max_work_group_size),
+                        &l.max_work_group_size, nullptr);
+    cl_.clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof(local), &local, nullptr);
+    cl_.clGetDeviceInfo(d, CL_DEVICE_ADDRESS_BITS, sizeof(bits), &bits, nullptr);
+    cl_.clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof(alloc), &alloc, nullptr);
+    l.max_work_item_dims = dims;
+    for (int i = 0; i < 3; ++i) l.max_work_item_sizes[i] = sizes[i];
+    l.local_mem_size = local;
+    l.address_bits = bits == 32 ? 32 : 64;
+    l.max_mem_alloc_size = alloc;
+    device_limits_.push_back(l);
+  }
+}
+
+Session::Err Session::CheckObjects() const {
+  if (limits_.max_objects == 0) return {};
+  const uint64_t n = contexts_.size() + queues_.size() + mems_.size() + programs_.size() +
+                     kernels_.size() + samplers_.size();
+  if (n >= limits_.max_objects) {
+    return {CL_OUT_OF_HOST_MEMORY, "this tenant holds " + std::to_string(n) +
+                                       " OpenCL objects, its limit (max_objects)"};
+  }
+  return {};
+}
+
+Session::Err Session::CheckEvents() const {
+  if (limits_.max_events != 0 && events_.size() >= limits_.max_events) {
+    return {CL_OUT_OF_HOST_MEMORY, "this tenant holds " + std::to_string(events_.size()) +
+                                       " events, its limit (max_events)"};
+  }
+  return {};
+}
 
 Result<std::shared_ptr<HostBuffer>> Session::MapShared(int fd, size_t size) {
   struct stat st{};
@@ -205,19 +344,19 @@ Result<std::shared_ptr<HostBuffer>> Session::MapShared(int fd, size_t size) {
       return HostBuffer::View(whole, size);
     }
   }
-  size_t whole_size = st.st_size > 0 ? static_cast<size_t>(st.st_size) : 0;
-  if (whole_size < size) whole_size = size;  // MapSealed reports the error
-  GMUX_ASSIGN_OR_RETURN(auto whole, HostBuffer::MapSealed(fd, whole_size));
+  // Only the bytes this transfer uses are mapped (a client's large memfd costs nothing more);
+  // MapSealed checks the file is at least that long.
+  GMUX_ASSIGN_OR_RETURN(auto whole, HostBuffer::MapSealed(fd, size));
   std::erase_if(shm_maps_, [&](const auto& e) { return e.first == key; });
   if (shm_maps_.size() >= kMaxShmMaps) shm_maps_.erase(shm_maps_.begin());
   size_t kept = whole->size();
   for (const auto& e : shm_maps_) kept += e.second->size();
-  while (!shm_maps_.empty() && kept > options_.max_bulk_bytes_per_session) {
+  while (!shm_maps_.empty() && kept > limits_.max_bulk_bytes) {
     kept -= shm_maps_.front().second->size();
     shm_maps_.erase(shm_maps_.begin());
   }
   // One larger than the limit itself is used once, not kept (the transfer still holds it).
-  if (whole->size() <= options_.max_bulk_bytes_per_session) shm_maps_.emplace_back(key, whole);
+  if (whole->size() <= limits_.max_bulk_bytes) shm_maps_.emplace_back(key, whole);
   return HostBuffer::View(whole, size);
 }
 
@@ -243,6 +382,10 @@ Status Session::Serve() {
     auto msg = proto::ReadFrame(core_->fd, proto::FrameKind::kRequest, core_->limits, nullptr,
                                 &passed_fd_);
     if (!msg.ok()) return msg.status();
+    if (const uint64_t g = core_->limits_generation.load(); g != limits_seen_) {
+      limits_ = core_->SessionLimitsNow();
+      limits_seen_ = g;
+    }
     capnp::MallocMessageBuilder reply;
     bool replied = false;
     uint64_t seq = 0;
@@ -296,6 +439,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       return GetInfo(req.getGetInfo(), reply);
 
     case wire::Request::CREATE_CONTEXT: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateContext();
       if (contexts_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "context id in use"};
       if (r.getDevices().size() == 0 || r.getDevices().size() > backend_.devices().size()) {
@@ -321,6 +465,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     }
 
     case wire::Request::CREATE_QUEUE: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateQueue();
       if (queues_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "queue id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
@@ -346,6 +491,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     }
 
     case wire::Request::CREATE_BUFFER: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateBuffer();
       if (mems_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "mem id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
@@ -368,6 +514,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     }
 
     case wire::Request::CREATE_SUB_BUFFER: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateSubBuffer();
       if (mems_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "mem id in use"};
       GMUX_LOOKUP(parent, mems_, r.getParent(), CL_INVALID_MEM_OBJECT, "mem");
@@ -384,6 +531,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     }
 
     case wire::Request::CREATE_PROGRAM_WITH_SOURCE: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateProgramWithSource();
       if (programs_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "program id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
@@ -392,11 +540,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_int err = CL_SUCCESS;
       cl_program p = cl_.clCreateProgramWithSource(ctx->ctx->h, 1, &src, &len, &err);
       if (p == nullptr) return {err, "clCreateProgramWithSource failed"};
-      programs_[r.getId()] = {Adopt(p), ctx->devices, std::string(src, len), false};
+      programs_[r.getId()] = {Adopt(p), ctx->devices, std::string(src, len), false, false};
       return {};
     }
 
     case wire::Request::CREATE_PROGRAM_WITH_BINARY: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateProgramWithBinary();
       if (programs_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "program id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
@@ -426,7 +575,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto bs = root.initBinaryStatus(static_cast<unsigned>(status.size()));
       for (unsigned i = 0; i < status.size(); ++i) bs.set(i, status[i]);
       if (p == nullptr) return {err, "clCreateProgramWithBinary failed"};
-      programs_[r.getId()] = {Adopt(p), std::move(idx), {}, false};
+      programs_[r.getId()] = {Adopt(p), std::move(idx), {}, false, false};
       return {};
     }
 
@@ -438,6 +587,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       std::string options = build ? req.getBuildProgram().getOptions().cStr()
                                   : req.getCompileProgram().getOptions().cStr();
       GMUX_LOOKUP(p, programs_, pid, CL_INVALID_PROGRAM, "program");
+      // OpenCL builds and compiles programs from source or binary only (PoCL 3.1 asserts
+      // building a linked program whose binaries were read).
+      if (p->linked) return {CL_INVALID_OPERATION, "a linked program cannot be built again"};
       std::vector<cl_device_id> dv;
       for (uint64_t d : devs) {
         if (std::find(p->devices.begin(), p->devices.end(), d) == p->devices.end()) {
@@ -460,10 +612,25 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         }
         std::vector<cl_program> headers;
         std::vector<const char*> names;
-        for (unsigned i = 0; i < r.getHeaders().size(); ++i) {
-          GMUX_LOOKUP(h, programs_, r.getHeaders()[i], CL_INVALID_PROGRAM, "program");
+        auto header_ids = r.getHeaders();
+        auto header_names = r.getHeaderNames();
+        for (unsigned i = 0; i < header_ids.size(); ++i) {
+          GMUX_LOOKUP(h, programs_, header_ids[i], CL_INVALID_PROGRAM, "program");
+          // A header is a program's source; PoCL 3.1 reads a binary program's (NULL) as one.
+          if (h->source.empty()) {
+            return {CL_INVALID_OPERATION, "header program " + std::to_string(header_ids[i]) +
+                                              " was not created from source"};
+          }
+          // The backend writes each header to a file named after it below its own temporary
+          // directory: a name must stay inside it.
+          const std::string_view name = header_names[i].cStr();
+          if (name.empty() || name.front() == '/' || name == ".." || name.starts_with("../") ||
+              name.find("/../") != std::string_view::npos || name.ends_with("/..")) {
+            return {CL_INVALID_VALUE, "header name '" + std::string(name) +
+                                          "' is absolute or leaves its directory"};
+          }
           headers.push_back(h->program->h);
-          names.push_back(r.getHeaderNames()[i].cStr());
+          names.push_back(header_names[i].cStr());
         }
         err = cl_.clCompileProgram(p->program->h, static_cast<cl_uint>(dv.size()),
                                    dv.empty() ? nullptr : dv.data(), options.c_str(),
@@ -494,6 +661,18 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       std::vector<cl_program> inputs;
       for (uint64_t in : r.getInputs()) {
         GMUX_LOOKUP(p, programs_, in, CL_INVALID_PROGRAM, "program");
+        // An input whose compile failed has no object to link (PoCL 3.1 asserts on one).
+        for (uint32_t di : p->devices) {
+          cl_build_status st = CL_BUILD_NONE;
+          if (di < backend_.devices().size() &&
+              cl_.clGetProgramBuildInfo(p->program->h, backend_.devices()[di],
+                                        CL_PROGRAM_BUILD_STATUS, sizeof(st), &st,
+                                        nullptr) == CL_SUCCESS &&
+              st == CL_BUILD_ERROR) {
+            return {CL_INVALID_OPERATION,
+                    "input program " + std::to_string(in) + " failed to compile"};
+          }
+        }
         inputs.push_back(p->program->h);
       }
       cl_int err = CL_SUCCESS;
@@ -502,12 +681,13 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                        static_cast<cl_uint>(inputs.size()), inputs.data(), nullptr,
                                        nullptr, &err);
       if (p == nullptr) return {err != CL_SUCCESS ? err : CL_LINK_PROGRAM_FAILURE, "link failed"};
-      programs_[r.getId()] = {Adopt(p), idx.empty() ? ctx->devices : idx, {}, false};
+      programs_[r.getId()] = {Adopt(p), idx.empty() ? ctx->devices : idx, {}, false, true};
       if (err != CL_SUCCESS) return {err, "link failed (see the build log)"};
       return {};
     }
 
     case wire::Request::CREATE_KERNEL: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateKernel();
       if (kernels_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "kernel id in use"};
       GMUX_LOOKUP(p, programs_, r.getProgram(), CL_INVALID_PROGRAM, "program");
@@ -516,7 +696,23 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       if (k == nullptr) return {err, std::string("clCreateKernel failed for '") + r.getName().cStr() + "'"};
       cl_uint nargs = 0;
       cl_.clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof(nargs), &nargs, nullptr);
-      kernels_[r.getId()] = {Adopt(k), std::make_shared<std::mutex>(), nargs, p->splittable};
+      KernelObj ko{Adopt(k), std::make_shared<std::mutex>(), nargs, p->splittable, {}};
+      // Queried now, before any argument is set (CL_KERNEL_LOCAL_MEM_SIZE counts set __local
+      // arguments too).
+      for (uint32_t di : p->devices) {
+        if (di >= backend_.devices().size()) continue;
+        cl_device_id dev = backend_.devices()[di];
+        KernelLimits kl;
+        cl_ulong lm = 0;
+        cl_.clGetKernelWorkGroupInfo(k, dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof(kl.work_group_size),
+                                     &kl.work_group_size, nullptr);
+        cl_.clGetKernelWorkGroupInfo(k, dev, CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+                                     sizeof(size_t) * 3, kl.compile_work_group_size.data(), nullptr);
+        cl_.clGetKernelWorkGroupInfo(k, dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof(lm), &lm, nullptr);
+        kl.local_mem_size = lm;
+        ko.limits[di] = kl;
+      }
+      kernels_[r.getId()] = std::move(ko);
       auto kr = root.initKernel();
       kr.setNumArgs(nargs);
       // Address qualifiers let the client tell a __local size from a NULL buffer argument.
@@ -533,6 +729,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     }
 
     case wire::Request::CREATE_USER_EVENT: {
+      if (Err e = CheckEvents(); !e.ok()) return e;
       auto r = req.getCreateUserEvent();
       if (events_.count(r.getId()) != 0 || r.getId() == 0) return {CL_INVALID_VALUE, "event id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
@@ -548,7 +745,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       if (r.getStatus() > CL_COMPLETE) return {CL_INVALID_VALUE, "status must be CL_COMPLETE or negative"};
       if ((*ev)->done()) return {CL_INVALID_OPERATION, "user event status already set"};
       (*ev)->Complete(r.getStatus());
-      scheduler_.Rescan();
+      sink_.Rescan(*ev);
       return {};
     }
 
@@ -573,8 +770,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto r = req.getBulkBegin();
       if (r.getToken() == 0 || bulk_.count(r.getToken()) != 0) return {CL_INVALID_VALUE, "bulk token in use"};
       uint64_t held = core_->bulk_bytes.load();
-      if (r.getSize() > options_.max_bulk_bytes_per_session ||
-          held + r.getSize() > options_.max_bulk_bytes_per_session) {
+      if (r.getSize() > limits_.max_bulk_bytes ||
+          held + r.getSize() > limits_.max_bulk_bytes) {
         return {CL_OUT_OF_RESOURCES, "bulk transfer of " + std::to_string(r.getSize()) +
                                          " bytes exceeds the session limit"};
       }
@@ -614,7 +811,10 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       if (r.getOffset() != bulk.filled || data.size() > bulk.bytes.size() - r.getOffset()) {
         return {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"};
       }
-      std::memcpy(bulk.bytes.data() + r.getOffset(), data.begin(), data.size());
+      // An empty chunk has no bytes to point at (and a transfer of 0 bytes no buffer).
+      if (data.size() != 0) {
+        std::memcpy(bulk.bytes.data() + r.getOffset(), data.begin(), data.size());
+      }
       bulk.filled += data.size();
       return {};
     }
@@ -632,6 +832,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       return CreateImage(req.getCreateImage());
 
     case wire::Request::CREATE_SAMPLER: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
       auto r = req.getCreateSampler();
       if (samplers_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "sampler id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
@@ -665,9 +866,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     case wire::Request::STATS: {
       auto s = root.initStats();
       s.setLiveBackendObjects(LiveBackendObjects());
-      s.setPendingCommands(scheduler_.Outstanding());
+      s.setPendingCommands(sink_.Outstanding());
       s.setBulkBytes(core_->bulk_bytes.load());
-      s.setScheduler(scheduler_.Status());
+      s.setScheduler(sink_.Status());
       return {};
     }
   }
@@ -827,6 +1028,13 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
     return {CL_INVALID_VALUE, "event id 0 or in use"};
   }
   GMUX_LOOKUP(q, queues_, r.getQueue(), CL_INVALID_COMMAND_QUEUE, "queue");
+  if (Err e = CheckEvents(); !e.ok()) return e;
+  if (limits_.max_queued_commands != 0 &&
+      sink_.Outstanding() + to_submit_.size() >= limits_.max_queued_commands) {
+    return {CL_OUT_OF_RESOURCES, "this tenant has " +
+                                     std::to_string(sink_.Outstanding() + to_submit_.size()) +
+                                     " commands queued, its limit (max_queued_commands)"};
+  }
   auto event = std::make_shared<EventRecord>(event_id, false, q->device);
   // Decoding errors fail the command's event, so a later wait on it returns instead of hanging.
   auto fail = [&](Err e) {
@@ -891,8 +1099,10 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
         return CL_SUCCESS;
       };
       std::vector<Arg> args(k->num_args);
+      // Read the list once: each read counts its whole size against the traversal limit.
+      auto arg_list = nd.getArgs();
       for (uint32_t i = 0; i < k->num_args; ++i) {
-        auto a = nd.getArgs()[i];
+        auto a = arg_list[i];
         switch (a.which()) {
           case wire::KernelArg::UNSET:
             return fail({CL_INVALID_KERNEL_ARGS, "argument " + std::to_string(i) + " is not set"});
@@ -913,10 +1123,13 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
           case wire::KernelArg::NULL_MEM:
             args[i].kind = 2;
             break;
-          case wire::KernelArg::LOCAL:
+          case wire::KernelArg::LOCAL: {
+            ClStatus v = ValidateLocalArgSize(a.getLocal());
+            if (!v.ok()) return fail({v.code, "argument " + std::to_string(i) + ": " + v.message});
             args[i].kind = 3;
             args[i].local = a.getLocal();
             break;
+          }
           case wire::KernelArg::SAMPLER: {
             auto it = samplers_.find(a.getSampler());
             if (it == samplers_.end()) {
@@ -932,13 +1145,31 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       }
       std::array<size_t, 3> off{0, 0, 0}, gs{1, 1, 1}, ls{0, 0, 0};
       bool has_local = nd.getLocalSize().size() == dim;
-      uint64_t items = 1, groups = 1;
       for (uint32_t i = 0; i < dim; ++i) {
         gs[i] = nd.getGlobalSize()[i];
         if (nd.getGlobalOffset().size() == dim) off[i] = nd.getGlobalOffset()[i];
         if (has_local) ls[i] = nd.getLocalSize()[i];
-        items *= gs[i];
-        if (has_local && ls[i] > 0) groups *= (gs[i] + ls[i] - 1) / ls[i];
+      }
+      // The spec's errors, decided here rather than by the backend (which may assert on them).
+      {
+        const DeviceLimits& dl = device_limits_[q->device];
+        auto kl_it = k->limits.find(q->device);
+        const KernelLimits kl = kl_it != k->limits.end() ? kl_it->second : KernelLimits{};
+        ClStatus v = ValidateNDRange(dl, kl, dim, off.data(), gs.data(),
+                                     has_local ? ls.data() : nullptr);
+        if (v.ok()) {
+          std::vector<size_t> locals;
+          for (const Arg& a : args) {
+            if (a.kind == 3) locals.push_back(a.local);
+          }
+          v = ValidateLocalMemory(dl, kl, locals);
+        }
+        if (!v.ok()) return fail({v.code, v.message});
+      }
+      uint64_t items = 1, groups = 1;
+      for (uint32_t i = 0; i < dim; ++i) {
+        items *= gs[i];  // validated: the product fits
+        if (has_local) groups *= gs[i] / ls[i];
       }
       cmd->block.kind = core::BlockKind::kKernel;
       cmd->block.work_items = items;
@@ -1155,7 +1386,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
 
 Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
                                 std::shared_ptr<HostBuffer>& out) {
-  if (core_->bulk_bytes.load() + host_bytes > options_.max_bulk_bytes_per_session) {
+  if (core_->bulk_bytes.load() + host_bytes > limits_.max_bulk_bytes) {
     return {CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit"};
   }
   if (shm) {
@@ -1179,34 +1410,40 @@ Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
 }
 
 std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> core,
-                                                  std::shared_ptr<HostBuffer> staging,
-                                                  uint64_t seq, bool shm) {
+                                                  std::shared_ptr<HostBuffer> staging, uint64_t seq,
+                                                  bool shm) {
   return [core = std::move(core), staging = std::move(staging), seq, shm](cl_int status) {
     if (status != CL_COMPLETE) {
       core->SendStatus(seq, status, "read failed");
     } else if (shm) {
       core->SendStatus(seq, CL_SUCCESS, "");
     } else {
-      size_t at = 0;
-      do {
-        size_t n = std::min(proto::kBulkChunkBytes, staging->size() - at);
-        capnp::MallocMessageBuilder b;
-        auto rep = b.initRoot<wire::Reply>();
-        rep.setSeq(seq);
-        auto rd = rep.initReadData();
-        rd.setOffset(at);
-        if (n % sizeof(capnp::word) == 0) {
-          // Chunks start at multiples of the chunk size in an operator new[] block, so they
-          // are word-aligned: send them without copying into the message.
-          rd.adoptData(b.getOrphanage().referenceExternalData(
-              capnp::Data::Reader(staging->data() + at, n)));
-        } else {
-          rd.setData(kj::arrayPtr(staging->data() + at, n));
-        }
-        rd.setLast(at + n == staging->size());
-        core->Send(b);
-        at += n;
-      } while (at < staging->size());
+      // The data goes out from the staging buffer on the writer thread (a client slow to read
+      // it holds up only itself); the writer runs while `core` lives, so it needs no reference.
+      core->Defer([c = core.get(), staging, seq] {
+        size_t at = 0;
+        do {
+          size_t n = std::min(proto::kBulkChunkBytes, staging->size() - at);
+          capnp::MallocMessageBuilder b;
+          auto rep = b.initRoot<wire::Reply>();
+          rep.setSeq(seq);
+          auto rd = rep.initReadData();
+          rd.setOffset(at);
+          if (n % sizeof(capnp::word) == 0) {
+            // Chunks start at multiples of the chunk size in an operator new[] block, so they
+            // are word-aligned: send them without copying into the message.
+            rd.adoptData(b.getOrphanage().referenceExternalData(
+                capnp::Data::Reader(staging->data() + at, n)));
+          } else {
+            rd.setData(kj::arrayPtr(staging->data() + at, n));
+          }
+          rd.setLast(at + n == staging->size());
+          c->SendFromWriter(b);
+          at += n;
+        } while (at < staging->size());
+        c->bulk_bytes.fetch_sub(staging->size());
+      });
+      return;
     }
     core->bulk_bytes.fetch_sub(staging->size());
   };
@@ -1217,9 +1454,10 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
   auto d = r.getDesc();
   cl_image_format format{r.getChannelOrder(), r.getChannelDataType()};
-  size_t element_bytes = proto::ImageElementBytes(format.image_channel_order,
-                                                  format.image_channel_data_type);
-  if (element_bytes == 0) return {CL_IMAGE_FORMAT_NOT_SUPPORTED, "unknown image format"};
+  size_t element_bytes = proto::ImageElementBytes(
+      format.image_channel_order, format.image_channel_data_type);
+  if (element_bytes == 0)
+    return {CL_IMAGE_FORMAT_NOT_SUPPORTED, "unknown image format"};
   cl_image_desc desc{};
   desc.image_type = d.getType();
   desc.image_width = d.getWidth();
@@ -1250,9 +1488,31 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
     desc.image_row_pitch = d.getRowPitch();
     desc.image_slice_pitch = d.getSlicePitch();
   }
+  // The client sends the image's bytes up to the last element; a backend may read whole pitches
+  // (the last row's and slice's padding too), so those are given to it, zeroed.
+  std::vector<uint8_t> padded;
+  const uint8_t* host = init ? init->bytes.data() : nullptr;
+  if (init) {
+    const uint64_t rp = desc.image_row_pitch != 0 ? desc.image_row_pitch
+                                                  : uint64_t{desc.image_width} * element_bytes;
+    const bool one_row = desc.image_type == CL_MEM_OBJECT_IMAGE1D ||
+                         desc.image_type == CL_MEM_OBJECT_IMAGE1D_BUFFER;
+    const uint64_t rows = desc.image_type == CL_MEM_OBJECT_IMAGE1D_ARRAY ? 1 : desc.image_height;
+    const uint64_t sp = desc.image_slice_pitch != 0 ? desc.image_slice_pitch : rp * rows;
+    const uint64_t slices = desc.image_type == CL_MEM_OBJECT_IMAGE3D ? desc.image_depth
+                            : (desc.image_type == CL_MEM_OBJECT_IMAGE1D_ARRAY ||
+                               desc.image_type == CL_MEM_OBJECT_IMAGE2D_ARRAY)
+                                ? desc.image_array_size
+                                : 1;
+    const uint64_t full = one_row ? rp : sp * slices;
+    if (full > init->bytes.size()) {
+      padded.assign(full, 0);
+      std::memcpy(padded.data(), init->bytes.data(), init->bytes.size());
+      host = padded.data();
+    }
+  }
   cl_int err = CL_SUCCESS;
-  cl_mem m = cl_.clCreateImage(ctx->ctx->h, flags, &format, &desc,
-                               init ? init->bytes.data() : nullptr, &err);
+  cl_mem m = cl_.clCreateImage(ctx->ctx->h, flags, &format, &desc, const_cast<uint8_t*>(host), &err);
   if (init) core_->bulk_bytes.fetch_sub(init->bytes.size());
   if (m == nullptr) return {err, "clCreateImage failed"};
   MemObj mo;
@@ -1350,7 +1610,8 @@ Session::Err Session::EnqueueImage(uint64_t seq, wire::Enqueue::Reader r, Comman
       if (Err e = image(ci.getDst(), dst); !e.ok()) return e;
       std::array<size_t, 3> so{}, d_o{}, reg{};
       if (!Triple(ci.getSrcOrigin(), so.data()) || !Triple(ci.getDstOrigin(), d_o.data()) ||
-          !Triple(ci.getRegion(), reg.data())) {
+          !Triple(ci.getRegion(), reg.data()) || !RegionEnds(so.data(), reg.data()) ||
+          !RegionEnds(d_o.data(), reg.data())) {
         return {CL_INVALID_VALUE, "image region malformed"};
       }
       cmd.run = [s = img->mem, t = dst->mem, so, d_o, reg, waits](
@@ -1368,7 +1629,7 @@ Session::Err Session::EnqueueImage(uint64_t seq, wire::Enqueue::Reader r, Comman
       std::array<size_t, 3> org{}, reg{};
       std::array<uint8_t, 16> color{};
       if (fi.getColor().size() != color.size() || !Triple(fi.getOrigin(), org.data()) ||
-          !Triple(fi.getRegion(), reg.data())) {
+          !Triple(fi.getRegion(), reg.data()) || !RegionEnds(org.data(), reg.data())) {
         return {CL_INVALID_VALUE, "fill color or region malformed"};
       }
       std::memcpy(color.data(), fi.getColor().begin(), color.size());
@@ -1389,7 +1650,8 @@ Session::Err Session::EnqueueImage(uint64_t seq, wire::Enqueue::Reader r, Comman
       if (Err e = image(cb.getImage(), img); !e.ok()) return e;
       if (Err e = buffer(cb.getBuffer(), buf); !e.ok()) return e;
       std::array<size_t, 3> org{}, reg{};
-      if (!Triple(cb.getOrigin(), org.data()) || !Triple(cb.getRegion(), reg.data())) {
+      if (!Triple(cb.getOrigin(), org.data()) || !Triple(cb.getRegion(), reg.data()) ||
+          !RegionEnds(org.data(), reg.data())) {
         return {CL_INVALID_VALUE, "image region malformed"};
       }
       size_t off = cb.getOffset();
@@ -1411,7 +1673,7 @@ Session::Err Session::EnqueueImage(uint64_t seq, wire::Enqueue::Reader r, Comman
 }
 
 void Session::SubmitPending() {
-  if (!to_submit_.empty()) scheduler_.Submit(std::move(to_submit_));
+  if (!to_submit_.empty()) sink_.Submit(std::move(to_submit_));
   to_submit_.clear();
 }
 
@@ -1468,6 +1730,26 @@ Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids
     });
   }
   return {};
+}
+
+void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std::string& tenant,
+                     uint64_t session) {
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(1);
+  rep.setStatus(CL_SUCCESS);
+  auto h = rep.initHello();
+  h.setProtocolVersion(proto::kProtocolVersion);
+  h.setTenant(tenant);
+  h.setSession(session);
+  const auto& devs = backend.devices();
+  auto list = h.initDevices(static_cast<unsigned>(devs.size()));
+  for (unsigned i = 0; i < devs.size(); ++i) {
+    list[i].setIndex(i);
+    list[i].setName(backend.DeviceName(i));
+    cl_device_type type = 0;
+    backend.cl().clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof(type), &type, nullptr);
+    list[i].setType(type);
+  }
 }
 
 }  // namespace gmux::daemon

@@ -10,19 +10,22 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "daemon/backend.h"
 #include "daemon/command.h"
 #include "daemon/config.h"
-#include "daemon/scheduler.h"
+#include "daemon/validate.h"
 #include "proto/frame.h"
 
 namespace gmux::daemon {
@@ -55,6 +58,15 @@ class HostBuffer {
   std::shared_ptr<HostBuffer> whole_;  // views only
 };
 
+// What one session may hold: its share of the tenant's [limits] (docs/operations.md), which
+// gmuxd divides among the tenant's sessions. 0: no limit.
+struct SessionLimits {
+  uint64_t max_bulk_bytes = 2ull << 30;   // staged transfer bytes and kept shared mappings
+  uint64_t max_queued_commands = 0;       // commands submitted and not yet completed
+  uint64_t max_events = 0;                // live event ids
+  uint64_t max_objects = 0;               // live contexts, queues, buffers, programs, ...
+};
+
 struct SessionCore {
   int fd = -1;
   uint64_t id = 0;
@@ -65,21 +77,57 @@ struct SessionCore {
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session
 
-  // Sends one Reply frame; errors (a gone client) are ignored: the reader notices the close.
+  SessionCore() = default;
+  ~SessionCore();
+  SessionCore(const SessionCore&) = delete;
+  SessionCore& operator=(const SessionCore&) = delete;
+
+  // Sends one Reply frame, from any thread, never waiting on the client: what its socket does
+  // not take now is kept, in order, for the session's writer thread. Errors (a gone client) are
+  // ignored: the reader notices the close. So a client that stops reading holds up nothing but
+  // its own replies, never the worker's device loop (and so never other tenants).
   void Send(capnp::MessageBuilder& message);
   // Sends Reply{seq, status, message}.
   void SendStatus(uint64_t seq, cl_int status, const std::string& message);
-  // Marks the session closed and closes fd once no send is in progress.
+  // Runs `write` on the writer thread after every reply sent before it; `write` sends with
+  // SendFromWriter(). For large data that is sent from where it lies rather than copied.
+  void Defer(std::function<void()> write);
+  // Sends one frame, waiting as long as the client takes: only inside a Defer()red function.
+  void SendFromWriter(capnp::MessageBuilder& message);
+  // Marks the session closed: nothing more is sent, and a writer waiting on the client stops.
   void Close();
 
+  // The session's share of its tenant's limits, which gmuxd changes as the tenant's sessions
+  // come and go (any thread); the session picks a change up before its next request.
+  void SetSessionLimits(const SessionLimits& l);
+  SessionLimits SessionLimitsNow() const;
+  std::atomic<uint64_t> limits_generation{0};
+
  private:
-  std::mutex send_mu_;  // serializes frames on fd
+  struct Out {
+    std::vector<uint8_t> bytes;   // the rest of a frame, or
+    std::function<void()> write;  // a deferred writer
+  };
+  void Queue(Out out);  // out_mu_ held
+  void CloseLocked();   // out_mu_ held
+  void WriterLoop();
+
+  mutable std::mutex limits_mu_;  // guards session_limits_
+  SessionLimits session_limits_;
+  std::mutex out_mu_;  // guards out_, queued_bytes_, writing_, stop_; a non-blocking send happens under it
+  std::condition_variable out_cv_;
+  std::deque<Out> out_;
+  size_t queued_bytes_ = 0;  // in out_'s byte items
+  bool writing_ = false;     // the writer thread is sending an item (outside the lock)
+  bool stop_ = false;
+  std::thread writer_;
 };
+
 
 class Session {
  public:
-  Session(std::shared_ptr<SessionCore> core, const Backend& backend, Scheduler& scheduler,
-          const DaemonOptions& options);
+  Session(std::shared_ptr<SessionCore> core, const Backend& backend, CommandSink& sink,
+          SessionLimits limits);
   ~Session();
 
   // Serves requests until the client closes or sends something malformed. Returns why it
@@ -111,12 +159,14 @@ class Session {
     std::vector<uint32_t> devices;
     std::string source;      // created from source: the text (split scan, kernel_scan.h)
     bool splittable = false; // built from `source` alone and ScanForSplit() allows it
+    bool linked = false;     // made by clLinkProgram: not built or compiled again
   };
   struct KernelObj {
     Ref<cl_kernel> kernel;
     std::shared_ptr<std::mutex> mu;  // guards the backend kernel's arguments while enqueuing
     uint32_t num_args = 0;
     bool splittable = false;  // from its program: launches may run in chunks
+    std::map<uint32_t, KernelLimits> limits;  // per device index, queried before any argument
   };
   struct Bulk {
     explicit Bulk(std::shared_ptr<HostBuffer> b) : buffer(std::move(b)), bytes(*buffer) {}
@@ -153,8 +203,13 @@ class Session {
   std::shared_ptr<SessionCore> core_;
   const Backend& backend_;
   const cl_icd_dispatch& cl_;
-  Scheduler& scheduler_;
-  const DaemonOptions& options_;
+  CommandSink& sink_;
+  SessionLimits limits_;  // the core's, as of the last request
+  uint64_t limits_seen_ = 0;
+  std::vector<DeviceLimits> device_limits_;  // per device index
+  // A limit of SessionLimits that one more object/event would pass: the error to return.
+  Err CheckObjects() const;
+  Err CheckEvents() const;
 
   std::unordered_map<uint64_t, ContextObj> contexts_;
   std::unordered_map<uint64_t, QueueObj> queues_;
@@ -177,6 +232,10 @@ class Session {
   static constexpr size_t kMaxShmMaps = 16;
   std::vector<std::pair<uint64_t, std::shared_ptr<HostBuffer>>> shm_maps_;
 };
+
+// The hello reply: the protocol version, the tenant, the session and the backend's devices.
+void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std::string& tenant,
+                     uint64_t session);
 
 // Maps a daemon Status to the OpenCL code sent on the wire (the one place this happens).
 cl_int StatusToCl(const Status& status);

@@ -15,7 +15,12 @@
 // sizes that change every round could keep the compiler busy. A granule is therefore a whole
 // number of work-group slabs chosen so a launch has at most kMaxGranules granules: every chunk
 // is a multiple of the granule, so one launch shape yields at most kMaxGranules chunk shapes
-// (docs/performance.md has the measured cost of a new shape).
+// (docs/performance.md has the measured cost of a new shape). The granule count is the largest
+// divisor of the launch's slab count (work-groups along L) that is at most kMaxGranules, found by
+// at most kMaxGranules trial divisions: the policy needs equal granules (model.h: work_items /
+// work_groups is the local size it rounds chunks to), so a slab count with no divisor in
+// 2..kMaxGranules (a large prime, say) is not split and the launch runs whole. Choosing a local
+// size tries at most kMaxChosenLocal divisors. Planning therefore costs the same for any launch.
 // Pure functions apart from the OpenCL calls they make; any thread.
 #pragma once
 
@@ -29,6 +34,8 @@
 namespace gmux::daemon {
 
 inline constexpr uint64_t kMaxGranules = 32;
+// The largest local size chosen here when neither the app nor the kernel gives one.
+inline constexpr size_t kMaxChosenLocal = 1024;
 
 struct SplitPlan {
   uint32_t dim = 1;
@@ -44,6 +51,19 @@ std::optional<SplitPlan> PlanSplit(const cl_icd_dispatch& cl, cl_kernel kernel,
                                    cl_device_id device, uint32_t dim,
                                    const std::array<size_t, 3>& global,
                                    const std::array<size_t, 3>* local);
+
+// The local size chosen when neither the app nor the kernel gives one: the largest divisor of
+// global0 (the first dimension's global size) up to min(kernel_work_group_size, kMaxChosenLocal),
+// 1 in the other dimensions. nullopt when kernel_work_group_size is 0 (unknown) or the divisor
+// is below min(global0, 16): tiny work-groups would make every chunk much slower.
+std::optional<size_t> ChooseSplitLocalSize(size_t global0, size_t kernel_work_group_size);
+
+// The pure part of PlanSplit: the plan for a launch of `dim` dimensions whose chunks all pass
+// `local` (entries past dim are ignored). nullopt when dim is outside 1..3, a local size is 0 or
+// does not divide its global size, the launch's work-items overflow uint64, or the slab count
+// has no divisor in 2..kMaxGranules. Bounded cost whatever the sizes.
+std::optional<SplitPlan> PlanSplitGeometry(uint32_t dim, const std::array<size_t, 3>& global,
+                                           const std::array<size_t, 3>& local);
 
 // The offsets and sizes of the chunk `range` (work-items of the whole launch, on granule
 // boundaries or the launch's end).

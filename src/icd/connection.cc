@@ -25,7 +25,18 @@ namespace wire = proto::wire;
 namespace {
 
 constexpr int kConnectTimeoutMs = 2000;
-constexpr int kHandshakeTimeoutS = 5;
+// The hello is answered by the session's worker, which gmuxd may have to start first: under a
+// burst of new clients on a loaded host that takes seconds. GMUX_CONNECT_TIMEOUT_S overrides.
+constexpr int kHandshakeTimeoutS = 60;
+
+int HandshakeTimeoutS() {
+  if (const char* s = std::getenv("GMUX_CONNECT_TIMEOUT_S"); s != nullptr && *s != '\0') {
+    char* end = nullptr;
+    long v = std::strtol(s, &end, 10);
+    if (end != s && *end == '\0' && v > 0 && v <= 3600) return static_cast<int>(v);
+  }
+  return kHandshakeTimeoutS;
+}
 constexpr const char* kDefaultSocket = "/run/gmux/gmuxd.sock";
 
 // Waits for a non-blocking connect to finish; true when it succeeded.
@@ -87,6 +98,14 @@ int ConnectTcp(const std::string& address) {
   return fd;
 }
 
+// Reader limits for the daemon's replies: bounded, like every decode, but generous, since the
+// daemon is trusted and a legitimate large reply must never fail while being read.
+proto::FrameLimits ReplyLimits() {
+  proto::FrameLimits limits;
+  limits.traversal_factor = 64;
+  return limits;
+}
+
 }  // namespace
 
 Connection* Connection::Get() {
@@ -113,7 +132,7 @@ Connection* Connection::Connect() {
     fd = ConnectUnix(kDefaultSocket);
   }
   if (fd < 0) return nullptr;
-  timeval tv{kHandshakeTimeoutS, 0};
+  timeval tv{HandshakeTimeoutS(), 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 
@@ -129,7 +148,7 @@ Connection* Connection::Connect() {
     ::close(fd);
     return nullptr;
   }
-  auto msg = proto::ReadFrame(fd, proto::FrameKind::kReply);
+  auto msg = proto::ReadFrame(fd, proto::FrameKind::kReply, ReplyLimits());
   if (!msg.ok()) {
     ::close(fd);
     return nullptr;
@@ -427,7 +446,7 @@ cl_int Connection::TakeAsyncError() {
 
 void Connection::ReceiveLoop() {
   for (;;) {
-    auto msg = proto::ReadFrame(fd_, proto::FrameKind::kReply);
+    auto msg = proto::ReadFrame(fd_, proto::FrameKind::kReply, ReplyLimits());
     if (!msg.ok()) break;
     std::function<void(cl_int)> cb;
     cl_int cb_status = CL_SUCCESS;
@@ -516,7 +535,14 @@ void Connection::CallbackLoop() {
       callbacks_cv_.wait(lock, [&] { return !callbacks_.empty(); });
       run.swap(callbacks_);
     }
-    for (auto& f : run) f();
+    for (auto& f : run) {
+      // An exception from a callback (the ICD's own or the application's) must not end this
+      // thread, and with it the process.
+      try {
+        f();
+      } catch (...) {
+      }
+    }
   }
 }
 

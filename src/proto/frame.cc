@@ -233,10 +233,9 @@ Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& 
   return out;
 }
 
-Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
-                  const FrameLimits& limits, int pass_fd) {
-  Encoded e;
-  GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
+namespace {
+
+std::vector<iovec> FrameIov(Encoded& e) {
   std::vector<iovec> iov;
   iov.reserve(e.segments.size() + 2);
   iov.push_back({e.header, kHeaderBytes});
@@ -244,7 +243,12 @@ Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
   for (auto seg : e.segments) {
     iov.push_back({const_cast<capnp::word*>(seg.begin()), seg.size() * sizeof(capnp::word)});
   }
-  size_t first = 0;
+  return iov;
+}
+
+// Sends iov[first...] (advancing `first` and the partly sent entry); with `dont_wait`, returns
+// Ok with `first` < iov.size() when the socket is full.
+Status SendIov(int fd, std::vector<iovec>& iov, size_t& first, int pass_fd, bool dont_wait) {
   while (first < iov.size()) {
     msghdr msg{};
     msg.msg_iov = iov.data() + first;
@@ -260,9 +264,10 @@ Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
       c->cmsg_len = CMSG_LEN(sizeof(int));
       std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
     }
-    ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (dont_wait ? MSG_DONTWAIT : 0));
     if (w < 0) {
       if (errno == EINTR) continue;
+      if (dont_wait && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::Ok();
       return Unavailable("send: " + ErrnoText(errno));
     }
     auto left = static_cast<size_t>(w);
@@ -276,6 +281,38 @@ Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
     }
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
+                  const FrameLimits& limits, int pass_fd) {
+  Encoded e;
+  GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
+  std::vector<iovec> iov = FrameIov(e);
+  size_t first = 0;
+  return SendIov(fd, iov, first, pass_fd, /*dont_wait=*/false);
+}
+
+Result<std::vector<uint8_t>> WriteFrameNow(int fd, FrameKind kind, capnp::MessageBuilder& message,
+                                           const FrameLimits& limits) {
+  Encoded e;
+  GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
+  std::vector<iovec> iov = FrameIov(e);
+  size_t first = 0;
+  GMUX_RETURN_IF_ERROR(SendIov(fd, iov, first, -1, /*dont_wait=*/true));
+  std::vector<uint8_t> rest;
+  for (size_t i = first; i < iov.size(); ++i) {
+    const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
+    rest.insert(rest.end(), b, b + iov[i].iov_len);
+  }
+  return rest;
+}
+
+Status WriteAll(int fd, std::span<const uint8_t> bytes) {
+  std::vector<iovec> iov = {{const_cast<uint8_t*>(bytes.data()), bytes.size()}};
+  size_t first = 0;
+  return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
 }
 
 Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits,

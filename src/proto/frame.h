@@ -98,6 +98,14 @@ Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& 
 Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
                   const FrameLimits& limits = {}, int pass_fd = -1);
 
+// Sends what the socket takes of the frame now, without waiting (MSG_DONTWAIT), and returns
+// the bytes that did not fit (empty: all sent), for a writer that must never wait on a slow
+// reader and sends the rest later, in order.
+Result<std::vector<uint8_t>> WriteFrameNow(int fd, FrameKind kind, capnp::MessageBuilder& message,
+                                           const FrameLimits& limits = {});
+// Sends `bytes` whole (blocking; MSG_NOSIGNAL).
+Status WriteAll(int fd, std::span<const uint8_t> bytes);
+
 // Reads one frame. kUnavailable when the peer closed cleanly between frames, kDataLoss when it
 // closed mid-frame, and DecodeHeader/DecodePayload's errors otherwise. `header_out`, when given,
 // receives the header even when the payload is rejected (so a version mismatch can be answered).

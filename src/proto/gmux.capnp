@@ -105,6 +105,8 @@ struct Hello {
   clientName @1 :Text;
   pid @2 :UInt32;
   token @3 :Text;          # TCP only: the tenant's token
+  control @4 :Bool;        # a control connection (gmux status): served by gmuxd itself, no
+                           # worker; only Stats may follow
 }
 
 struct DeviceSummary {

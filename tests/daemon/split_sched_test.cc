@@ -1,4 +1,4 @@
-// Scheduling decisions and split execution of the daemon's Scheduler + Executor on the real
+// Scheduling decisions and split execution of the broker's Scheduler + a worker's queue on the real
 // backend (PoCL), driven directly with Commands as a session would build them. No assertion
 // depends on wall-clock timing: orders, results and counts only (deadlines only guard hangs).
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include "daemon/command.h"
 #include "daemon/kernel_scan.h"
 #include "daemon/scheduler.h"
+#include "daemon/local_scheduler.h"  // tests/daemon
 #include "daemon/splitter.h"
 
 namespace gmux::daemon {
@@ -146,7 +147,7 @@ class SplitSchedTest : public ::testing::Test {
     return c;
   }
 
-  std::unique_ptr<Scheduler> MakeScheduler(const std::string& policy, uint32_t inflight,
+  std::unique_ptr<testing::LocalScheduler> MakeScheduler(const std::string& policy, uint32_t inflight,
                                            std::map<std::string, double> params = {}) {
     core::DeviceInfo info;
     cl_uint cu = 1;
@@ -155,11 +156,10 @@ class SplitSchedTest : public ::testing::Test {
     auto s = Scheduler::Create({policy, params, {}}, {info}, inflight);
     EXPECT_TRUE(s.ok()) << s.status().message();
     if (!s.ok()) return nullptr;
-    (*s)->Start();
-    return std::move(s).value();
+    return std::make_unique<testing::LocalScheduler>(std::move(s).value(), 1);
   }
 
-  static void Drain(Scheduler& s) {
+  static void Drain(testing::LocalScheduler& s) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (s.Outstanding() != 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -167,7 +167,7 @@ class SplitSchedTest : public ::testing::Test {
     ASSERT_EQ(s.Outstanding(), 0u) << "commands did not finish";
   }
 
-  static nlohmann::json TenantStatus(Scheduler& s, TenantId id) {
+  static nlohmann::json TenantStatus(testing::LocalScheduler& s, TenantId id) {
     auto j = nlohmann::json::parse(s.Status());
     for (const auto& t : j["tenants"]) {
       if (t["id"] == id) return t;
@@ -314,7 +314,17 @@ TEST_F(SplitSchedTest, SplitPolicyRunsChunksWithOneEventAndIdenticalResults) {
     }
     cmds.push_back(Launch(t, t == 1 ? qa_ : qb_, t == 1 ? k1 : k2, set, 1, {n, 1, 1}, true, prev));
   }
+  // Both tenants' first launches wait for one gate, so both are active when the policy first
+  // decides (each tenant's commands reach the scheduler from a worker queue of its own: without
+  // the gate, a slow host can finish one tenant's launches before the other's arrive, with
+  // nothing to split against).
+  auto gate = std::make_shared<EventRecord>(999, true, 0);
+  cmds[0]->deps.push_back(gate);
+  cmds[1]->deps.push_back(gate);
   s->Submit(cmds);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  gate->Complete(CL_COMPLETE);
+  s->Rescan(gate);
   Drain(*s);
   for (int i = 0; i < 6; ++i) {
     auto out = Read<float>(outs[i], n);
@@ -378,22 +388,26 @@ TEST_F(SplitSchedTest, EachTenantsOrderIsKeptUnderEveryPolicy) {
     }
     s->Submit(cmds);
     Drain(*s);
-    int ea = 1, eb = 1;
+    // The device's int arithmetic wraps; the host's expectation wraps the same way, unsigned.
+    uint32_t ea = 1, eb = 1;
     std::vector<int> order_a, order_b, want_a, want_b;
     for (int i = 0; i < 40; ++i) {
       if (i % 3 == 0) {
-        ea = ea * 3 + i;
+        ea = ea * 3 + static_cast<uint32_t>(i);
         want_a.push_back(i);
       } else {
-        eb = eb * 3 + i;
+        eb = eb * 3 + static_cast<uint32_t>(i);
         want_b.push_back(i);
       }
     }
-    for (auto [t, i] : finished) (t == 1 ? order_a : order_b).push_back(i);
+    {
+      std::lock_guard<std::mutex> lock(mu);  // filled by callbacks on the workers' threads
+      for (auto [t, i] : finished) (t == 1 ? order_a : order_b).push_back(i);
+    }
     EXPECT_EQ(order_a, want_a) << policy;
     EXPECT_EQ(order_b, want_b) << policy;
-    EXPECT_EQ(Read<int>(acc_a, 1)[0], ea) << policy;
-    EXPECT_EQ(Read<int>(acc_b, 1)[0], eb) << policy;
+    EXPECT_EQ(static_cast<uint32_t>(Read<int>(acc_a, 1)[0]), ea) << policy;
+    EXPECT_EQ(static_cast<uint32_t>(Read<int>(acc_b, 1)[0]), eb) << policy;
   }
 }
 
@@ -435,7 +449,7 @@ TEST_F(SplitSchedTest, UserEventDependencyHoldsACommandWhileOthersRun) {
   EXPECT_EQ(held->event->status(), CL_QUEUED);
   EXPECT_EQ(s->Outstanding(), 1u);
   gate->Complete(CL_COMPLETE);
-  s->Rescan();
+  s->Rescan(gate);
   Drain(*s);
   EXPECT_EQ(b_done_when_a_ran.load(), 10);
   EXPECT_EQ(Read<int>(acc_a, 1)[0], 1 * 3 + 5);
@@ -479,6 +493,7 @@ TEST_F(SplitSchedTest, CreditWeightsShareTheDeviceOverManyDispatches) {
   }
   s->Submit(cmds);
   Drain(*s);
+  std::lock_guard<std::mutex> lock(mu);  // filled by callbacks on the workers' threads
   ASSERT_EQ(done.size(), 400u);
   int heavy = 0, light = 0;
   for (size_t i = 0; i < done.size() && heavy < 150; ++i) (done[i] == 1 ? heavy : light)++;

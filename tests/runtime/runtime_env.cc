@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -50,6 +51,9 @@ class DaemonEnvironment : public ::testing::Environment {
     char tmpl[] = "/tmp/gmux-rt-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     RuntimeEnv::dir = tmpl;
+    // Tests may run clients under other uids (tenants of their own): they must reach the socket
+    // and the vendor dir.
+    ::chmod(tmpl, 0755);
     RuntimeEnv::socket = RuntimeEnv::dir + "/gmuxd.sock";
     // Vendor dir: the gmux ICD plus every backend ICD of the system.
     std::string vendors = RuntimeEnv::dir + "/vendors";

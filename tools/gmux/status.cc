@@ -57,6 +57,7 @@ Result<std::string> QuerySchedulerStatus(const std::string& socket_arg) {
     h.setProtocolVersion(proto::kProtocolVersion);
     h.setPid(static_cast<uint32_t>(::getpid()));
     h.setClientName("gmux status");
+    h.setControl(true);
     auto r1 = Call(fd, hello);
     if (!r1.ok()) {
       out = r1.status();

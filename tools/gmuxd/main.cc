@@ -2,6 +2,7 @@
 // gmux ICD. See docs/operations.md.
 #include <signal.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -86,7 +87,21 @@ int main(int argc, char** argv) {
     ts.tv_nsec = static_cast<long>((exit_after_s - static_cast<double>(ts.tv_sec)) * 1e9);
     timeout = &ts;
   }
-  int sig = sigtimedwait(&set, nullptr, timeout);
+  // Only SIGINT/SIGTERM or the deadline end the wait (a child's SIGCHLD may interrupt it).
+  auto until = std::chrono::steady_clock::now() +
+               std::chrono::nanoseconds(static_cast<int64_t>(exit_after_s * 1e9));
+  int sig = -1;
+  for (;;) {
+    sig = sigtimedwait(&set, nullptr, timeout);
+    if (sig > 0 || errno != EINTR) break;
+    if (timeout != nullptr) {
+      auto left = until - std::chrono::steady_clock::now();
+      if (left <= std::chrono::nanoseconds(0)) break;
+      auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+      ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+      ts.tv_nsec = static_cast<long>(ns % 1000000000);
+    }
+  }
   std::fprintf(stderr, "gmuxd: stopping (%s)\n", sig > 0 ? "signal" : "exit-after elapsed");
   (*server)->Stop();
   return 0;

@@ -1,0 +1,141 @@
+// The control channel between gmuxd (the broker) and one worker process.
+//
+// A SOCK_SEQPACKET socketpair: each datagram is one message, a Header followed by `count`
+// fixed-size records of the header's type (so a batch of releases or completions costs one
+// system call and one wake-up). The broker trusts nothing a worker sends: a worker runs tenant
+// code (kernels on a CPU device run in its address space), so every record is checked against
+// what the broker itself handed that worker, and a worker that sends anything malformed is
+// killed. Records are plain structs of fixed-width fields; both ends are the same build.
+//
+//   worker -> broker   kWorkerUp    the backend is open; the worker waits for kAssign
+//                      kReady       commands whose dependencies allow them to run (for the policy)
+//                      kDone        a released dispatch finished, with its profiled device time
+//                      kStatsQuery  the client asked for Stats (answered with kStatsReply)
+//   broker -> worker   kAssign      the session (with the client's socket as SCM_RIGHTS)
+//                      kRelease     run this command, or this chunk of it, now
+//                      kStatsReply  the scheduler's JSON as this tenant may see it
+//                      kLimits      the session's new share of its tenant's limits (one record)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace gmux::daemon::ctl {
+
+enum class Type : uint32_t {
+  kWorkerUp = 1,
+  kAssign = 2,
+  kReady = 3,
+  kRelease = 4,
+  kDone = 5,
+  kStatsQuery = 6,
+  kStatsReply = 7,
+  kLimits = 8,
+};
+
+struct Header {
+  uint32_t type = 0;
+  uint32_t count = 0;  // records that follow (kStatsReply: bytes of text)
+};
+
+// The largest datagram either side sends or accepts.
+inline constexpr size_t kMaxMessageBytes = 64 * 1024;
+
+struct WorkerUp {
+  uint32_t pid = 0;
+  uint32_t devices = 0;
+};
+
+// Per-tenant limits a worker enforces for its session (docs/operations.md, [limits]).
+struct Limits {
+  uint64_t max_queued_commands = 0;
+  uint64_t max_events = 0;
+  uint64_t max_objects = 0;
+  uint64_t max_bulk_bytes = 0;
+};
+
+struct Assign {
+  uint64_t session = 0;
+  uint32_t tenant = 0;
+  uint32_t tcp = 0;
+  uint32_t max_payload_bytes = 0;
+  uint32_t reserved = 0;
+  Limits limits;
+  char tenant_name[128] = {};
+};
+
+struct Ready {
+  uint64_t cmd = 0;  // the worker's id of the command (increasing per worker)
+  uint64_t work_items = 0;
+  uint64_t work_groups = 0;
+  uint64_t bytes = 0;
+  uint32_t device = 0;
+  uint8_t kind = 0;        // core::BlockKind
+  uint8_t splittable = 0;  // core::Splittable
+  uint16_t reserved = 0;
+};
+
+struct Release {
+  uint64_t cmd = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint32_t last = 1;
+  uint32_t whole = 1;
+};
+
+struct Done {
+  uint64_t cmd = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t device_ns = 0;
+  int32_t status = 0;
+  uint32_t last = 1;
+};
+
+struct StatsQuery {
+  uint64_t seq = 0;
+};
+
+// Sends `count` records of `record_bytes` each, in as many datagrams as needed (`pass_fd` >= 0
+// goes with the first). Blocking unless the socket is non-blocking; kUnavailable when the peer
+// is gone, kResourceExhausted when a non-blocking socket is full.
+// With `dont_wait` a full socket ends the call early: `sent` (when given) tells how many records
+// went out, so the caller can keep the rest.
+Status Send(int fd, Type type, const void* records, size_t record_bytes, size_t count,
+            int pass_fd = -1, bool dont_wait = false, size_t* sent = nullptr);
+
+template <typename T>
+Status SendRecords(int fd, Type type, const std::vector<T>& records) {
+  if (records.empty()) return Status::Ok();
+  return Send(fd, type, records.data(), sizeof(T), records.size());
+}
+
+// One received message.
+struct Message {
+  Type type{};
+  std::vector<uint8_t> body;  // the records
+  int fd = -1;                // a descriptor passed with it (the receiver owns it)
+
+  // The records as T, or empty when the body is not a whole number of them.
+  template <typename T>
+  std::vector<T> As() const {
+    std::vector<T> out;
+    if (body.size() % sizeof(T) != 0) return out;
+    out.resize(body.size() / sizeof(T));
+    if (!body.empty()) __builtin_memcpy(out.data(), body.data(), body.size());
+    return out;
+  }
+};
+
+// Receives one message. kUnavailable when the peer closed, kDataLoss for a malformed one,
+// kResourceExhausted (non-blocking socket, nothing to read: not an error).
+Result<Message> Receive(int fd, bool dont_wait = false);
+
+// A connected SOCK_SEQPACKET pair with close-on-exec set; [0] for the broker, [1] the worker.
+Status Pair(int fds[2]);
+
+}  // namespace gmux::daemon::ctl

@@ -1,0 +1,236 @@
+#include "daemon/worker_queue.h"
+
+#include <poll.h>
+
+#include <cstring>
+#include <deque>
+#include <future>
+
+namespace gmux::daemon {
+
+WorkerQueue::WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_broker_gone)
+    : ctl_fd_(ctl_fd), on_broker_gone_(std::move(on_broker_gone)) {
+  mailbox_.EnableWakeFd();
+  for (size_t i = 0; i < devices; ++i) {
+    executors_.push_back(std::make_unique<Executor>(
+        static_cast<uint32_t>(i), mailbox_,
+        [this](uint32_t device, std::vector<core::Completion> done) {
+          OnComplete(device, std::move(done));
+        }));
+  }
+}
+
+WorkerQueue::~WorkerQueue() { Stop(); }
+
+void WorkerQueue::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void WorkerQueue::Stop(std::chrono::milliseconds timeout) {
+  if (!thread_.joinable()) return;
+  // Executors must not be destroyed with backend callbacks outstanding.
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto idle = std::make_shared<std::promise<bool>>();
+    auto f = idle->get_future();
+    mailbox_.Post([this, idle] {
+      bool all = true;
+      for (const auto& e : executors_) all = all && e->Idle();
+      idle->set_value(all);
+    });
+    if (f.wait_for(std::chrono::seconds(1)) == std::future_status::ready && f.get()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  stop_ = true;
+  mailbox_.Post([] {});
+  thread_.join();
+}
+
+void WorkerQueue::Submit(std::vector<std::shared_ptr<Command>> cmds) {
+  if (cmds.empty()) return;
+  outstanding_.fetch_add(cmds.size());
+  mailbox_.Post([this, cs = std::move(cmds)]() mutable {
+    for (auto& c : cs) Accept(std::move(c));
+  });
+}
+
+void WorkerQueue::Rescan(std::shared_ptr<EventRecord> ev) {
+  mailbox_.Post([this, ev = std::move(ev)] { Notify(ev.get()); });
+}
+
+std::string WorkerQueue::Status() {
+  const uint64_t seq = next_stats_++;
+  ctl::StatsQuery q{seq};
+  if (!ctl::Send(ctl_fd_, ctl::Type::kStatsQuery, &q, sizeof(q), 1).ok()) return "{}";
+  std::unique_lock<std::mutex> lock(stats_mu_);
+  if (!stats_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return stats_.count(seq) != 0; })) {
+    return "{}";
+  }
+  std::string out = std::move(stats_[seq]);
+  stats_.erase(seq);
+  return out;
+}
+
+void WorkerQueue::Loop() {
+  const int wake = mailbox_.EnableWakeFd();
+  while (!stop_) {
+    pollfd fds[2] = {{wake, POLLIN, 0}, {ctl_fd_, POLLIN, 0}};
+    int n = ::poll(fds, broker_gone_ ? 1 : 2, -1);
+    if (n < 0) continue;
+    if (!broker_gone_ && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      // Everything the broker sent so far, then the local work it caused.
+      for (int i = 0; i < 256; ++i) {
+        auto m = ctl::Receive(ctl_fd_, /*dont_wait=*/true);
+        if (!m.ok()) {
+          if (m.status().code() != StatusCode::kResourceExhausted) {
+            broker_gone_ = true;
+            if (on_broker_gone_) on_broker_gone_();
+          }
+          break;
+        }
+        OnControl(*m);
+        if (m->fd >= 0) ::close(m->fd);
+      }
+    }
+    for (auto& t : mailbox_.TryTakeAll()) t();
+    FlushReady();
+  }
+}
+
+void WorkerQueue::OnControl(const ctl::Message& m) {
+  switch (m.type) {
+    case ctl::Type::kRelease: {
+      std::vector<std::vector<Job>> per_device(executors_.size());
+      std::vector<EventRecord*> dispatched;
+      for (const ctl::Release& r : m.As<ctl::Release>()) {
+        auto it = ready_.find(r.cmd);
+        if (it == ready_.end()) continue;  // never ours (the broker checks what it releases)
+        std::shared_ptr<Command> c = it->second;
+        if (c->device >= executors_.size()) continue;
+        Job job;
+        job.cmd = c;
+        job.range = {r.begin, r.end};
+        job.last = r.last != 0;
+        job.whole = r.whole != 0;
+        // Only a splittable launch can honour a range; anything else runs whole.
+        if (!job.whole && !c->run_chunk) {
+          if (!job.last) continue;
+          job.whole = true;
+        }
+        if (job.last) {
+          c->event->dispatched = true;
+          dispatched.push_back(c->event.get());
+          ready_.erase(it);
+        }
+        per_device[c->device].push_back(std::move(job));
+      }
+      for (size_t d = 0; d < per_device.size(); ++d) {
+        if (!per_device[d].empty()) executors_[d]->Run(std::move(per_device[d]));
+      }
+      // Commands of other devices that waited for these to be dispatched.
+      for (EventRecord* e : dispatched) Notify(e);
+      break;
+    }
+    case ctl::Type::kLimits: {
+      auto l = m.As<ctl::Limits>();
+      if (l.size() == 1 && on_limits_) on_limits_(l[0]);
+      break;
+    }
+    case ctl::Type::kStatsReply: {
+      if (m.body.size() < sizeof(uint64_t)) break;
+      uint64_t seq;
+      std::memcpy(&seq, m.body.data(), sizeof(seq));
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_[seq].assign(m.body.begin() + sizeof(seq), m.body.end());
+      }
+      stats_cv_.notify_all();
+      break;
+    }
+    default:
+      break;  // nothing else is meant for a running session
+  }
+}
+
+void WorkerQueue::Accept(std::shared_ptr<Command> c) {
+  c->block.id = next_cmd_++;
+  c->event->staged = true;
+  TryRelease(c);
+}
+
+const EventRecord* WorkerQueue::Blocker(const Command& c) const {
+  auto blocks = [&](const std::shared_ptr<EventRecord>& d) {
+    if (d->user()) return d->status() == CL_SUBMITTED;  // not set yet
+    if (d->staged) return true;
+    if (d->device() != c.device && !d->dispatched && !d->done()) return true;
+    return false;
+  };
+  for (const auto& d : c.deps) {
+    if (blocks(d)) return d.get();
+  }
+  for (const auto& d : c.order_deps) {
+    if (blocks(d)) return d.get();
+  }
+  return nullptr;
+}
+
+void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
+  // Iterative: releasing one command can release a long chain held behind it.
+  std::deque<std::shared_ptr<Command>> work{first};
+  while (!work.empty()) {
+    std::shared_ptr<Command> c = std::move(work.front());
+    work.pop_front();
+    if (const EventRecord* b = Blocker(*c)) {
+      parked_[const_cast<EventRecord*>(b)].push_back(std::move(c));
+      continue;
+    }
+    c->event->staged = false;
+    ctl::Ready r;
+    r.cmd = c->block.id;
+    r.work_items = c->block.work_items;
+    r.work_groups = c->block.work_groups;
+    r.bytes = c->block.bytes;
+    r.device = c->device;
+    r.kind = static_cast<uint8_t>(c->block.kind);
+    r.splittable = static_cast<uint8_t>(c->block.splittable);
+    ready_out_.push_back(r);
+    ready_[c->block.id] = c;
+    auto it = parked_.find(c->event.get());
+    if (it != parked_.end()) {
+      for (auto& w : it->second) work.push_back(std::move(w));
+      parked_.erase(it);
+    }
+  }
+}
+
+void WorkerQueue::Notify(EventRecord* ev) {
+  auto it = parked_.find(ev);
+  if (it == parked_.end()) return;
+  std::vector<std::shared_ptr<Command>> waiting = std::move(it->second);
+  parked_.erase(it);
+  for (auto& c : waiting) TryRelease(c);
+}
+
+void WorkerQueue::OnComplete(uint32_t, std::vector<core::Completion> done) {
+  std::vector<ctl::Done> out;
+  out.reserve(done.size());
+  for (const auto& c : done) {
+    ctl::Done d;
+    d.cmd = c.block;
+    d.begin = c.range.begin;
+    d.end = c.range.end;
+    d.device_ns = static_cast<uint64_t>(std::max<int64_t>(0, c.device_time.count()));
+    d.last = c.last ? 1 : 0;
+    out.push_back(d);
+    if (c.last) outstanding_.fetch_sub(1);
+  }
+  // Ready commands first: a completion's release must not overtake them.
+  FlushReady();
+  if (!broker_gone_) ctl::SendRecords(ctl_fd_, ctl::Type::kDone, out).IgnoreError();
+}
+
+void WorkerQueue::FlushReady() {
+  if (ready_out_.empty() || broker_gone_) return;
+  ctl::SendRecords(ctl_fd_, ctl::Type::kReady, ready_out_).IgnoreError();
+  ready_out_.clear();
+}
+
+}  // namespace gmux::daemon

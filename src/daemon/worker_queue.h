@@ -1,0 +1,87 @@
+// WorkerQueue: a worker's side of scheduling. It holds the session's commands until their
+// dependencies allow them to run, tells the broker's scheduler which are ready (ctl::Ready),
+// runs exactly what the scheduler releases (ctl::Release) on the device executors, and reports
+// each dispatch's profiled device time back (ctl::Done).
+//
+// One loop thread owns everything here: the staging state, the executors (which have no thread
+// of their own) and the control channel. It polls the channel and its mailbox's eventfd, so a
+// release costs one wake-up and a completion callback another. Submit() and Rescan() post to it.
+//
+// Dependencies (the same rules the scheduler applied in-process before): a command is ready when
+// each event it depends on is a user event already set, or a command already handed to the
+// scheduler on the same device (the tenant's V-channel keeps order), or a command of another
+// device already dispatched or done. A held command waits on one blocking event at a time and is
+// looked at again only when that event changes, so holding N commands costs O(N) in all.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "daemon/command.h"
+#include "daemon/control.h"
+#include "daemon/executor.h"
+#include "daemon/mailbox.h"
+
+namespace gmux::daemon {
+
+class WorkerQueue : public CommandSink {
+ public:
+  // `ctl_fd` is the worker's end of the control channel (not owned). `on_broker_gone` runs on
+  // the loop thread when the channel closes or fails (the worker then ends).
+  WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_broker_gone);
+  ~WorkerQueue() override;
+
+  void Start();
+  // Called on the loop thread with each new share of the tenant's limits (before Start()).
+  void OnLimits(std::function<void(const ctl::Limits&)> f) { on_limits_ = std::move(f); }
+  // Stops the loop once nothing is in flight on the backend (bounded by `timeout`).
+  void Stop(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+  void Submit(std::vector<std::shared_ptr<Command>> cmds) override;
+  void Rescan(std::shared_ptr<EventRecord> ev) override;
+  uint64_t Outstanding() const override { return outstanding_.load(); }
+  std::string Status() override;
+
+ private:
+  void Loop();
+  void OnControl(const ctl::Message& m);
+  void Accept(std::shared_ptr<Command> c);
+  // Sends `c` to the scheduler if nothing blocks it, else parks it on the first blocking event.
+  void TryRelease(const std::shared_ptr<Command>& c);
+  // `ev` changed (no longer held, dispatched, set or done): look at the commands parked on it.
+  void Notify(EventRecord* ev);
+  const EventRecord* Blocker(const Command& c) const;
+  void OnComplete(uint32_t device, std::vector<core::Completion> done);
+  void FlushReady();
+
+  const int ctl_fd_;
+  std::function<void()> on_broker_gone_;
+  std::function<void(const ctl::Limits&)> on_limits_;
+  Mailbox mailbox_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> outstanding_{0};
+
+  // Loop-thread state.
+  std::vector<std::unique_ptr<Executor>> executors_;
+  uint64_t next_cmd_ = 1;
+  std::unordered_map<EventRecord*, std::vector<std::shared_ptr<Command>>> parked_;
+  std::unordered_map<uint64_t, std::shared_ptr<Command>> ready_;  // sent, not fully released
+  std::vector<ctl::Ready> ready_out_;
+  bool broker_gone_ = false;
+
+  // Stats answers from the broker, by query sequence.
+  std::mutex stats_mu_;  // guards stats_
+  std::condition_variable stats_cv_;
+  std::unordered_map<uint64_t, std::string> stats_;
+  std::atomic<uint64_t> next_stats_{1};
+};
+
+}  // namespace gmux::daemon

@@ -1,0 +1,108 @@
+// gmux-worker: serves one client session of gmuxd in a process of its own, so that whatever the
+// backend does on the tenant's behalf (compile its source, run its kernels, assert on its bad
+// arguments) can hurt only this session. gmuxd starts it (under the tenant's uid when gmuxd runs
+// as root, with no capabilities and no new privileges) with its control channel on a descriptor;
+// it opens the backend, says it is up, receives its session (the client's socket comes with
+// it), answers the client's hello, and then serves the client until the client leaves. It runs
+// only what gmuxd's scheduler releases (daemon/worker_queue.h). Not meant to be run by hand.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "daemon/backend.h"
+#include "daemon/control.h"
+#include "daemon/session.h"
+#include "daemon/worker_queue.h"
+
+namespace {
+
+int Usage() {
+  std::fprintf(stderr,
+               "gmux-worker: started by gmuxd, not by hand.\n"
+               "usage: gmux-worker --control-fd N [--backend-library PATH] [--vendors-dir DIR] "
+               "[--platform NAME]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace gmux::daemon;
+  int ctl_fd = -1;
+  BackendOptions backend_options;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i + 1 >= argc) return Usage();
+    std::string v = argv[++i];
+    if (a == "--control-fd") {
+      ctl_fd = std::atoi(v.c_str());
+    } else if (a == "--backend-library") {
+      backend_options.library = v;
+    } else if (a == "--vendors-dir") {
+      backend_options.vendors_dir = v;
+    } else if (a == "--platform") {
+      backend_options.platform = v;
+    } else {
+      return Usage();
+    }
+  }
+  if (ctl_fd < 0) return Usage();
+  ::signal(SIGPIPE, SIG_IGN);
+
+  auto backend = Backend::Open(backend_options);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "gmux-worker: %s\n", backend.status().ToString().c_str());
+    return 3;
+  }
+  ctl::WorkerUp up{static_cast<uint32_t>(::getpid()),
+                   static_cast<uint32_t>((*backend)->devices().size())};
+  if (!ctl::Send(ctl_fd, ctl::Type::kWorkerUp, &up, sizeof(up), 1).ok()) return 0;
+
+  // Waits (as a spare, perhaps for long) for its session.
+  auto m = ctl::Receive(ctl_fd);
+  if (!m.ok()) return 0;  // gmuxd retired this spare or stopped
+  auto assign = m->As<ctl::Assign>();
+  if (m->type != ctl::Type::kAssign || assign.size() != 1 || m->fd < 0) {
+    std::fprintf(stderr, "gmux-worker: expected a session from gmuxd\n");
+    return 4;
+  }
+  const ctl::Assign& a = assign[0];
+  auto core = std::make_shared<SessionCore>();
+  core->fd = m->fd;
+  core->id = a.session;
+  core->tenant = a.tenant;
+  core->tenant_name = std::string(a.tenant_name, strnlen(a.tenant_name, sizeof(a.tenant_name)));
+  core->tcp = a.tcp != 0;
+  core->limits.max_payload_bytes = a.max_payload_bytes;
+  {
+    capnp::MallocMessageBuilder b;
+    BuildHelloReply(b, **backend, core->tenant_name, core->id);
+    core->Send(b);
+  }
+  auto to_session = [](const ctl::Limits& l) {
+    SessionLimits s;
+    s.max_bulk_bytes = l.max_bulk_bytes == 0 ? UINT64_MAX : l.max_bulk_bytes;
+    s.max_queued_commands = l.max_queued_commands;
+    s.max_events = l.max_events;
+    s.max_objects = l.max_objects;
+    return s;
+  };
+  const SessionLimits limits = to_session(a.limits);
+  core->SetSessionLimits(limits);
+
+  // gmuxd gone: nothing can be scheduled any more; the client sees its socket close.
+  WorkerQueue queue(ctl_fd, (*backend)->devices().size(), [] { ::_exit(0); });
+  // The tenant's limits are shared by its sessions: gmuxd sends a new share as they come and go.
+  queue.OnLimits([core, to_session](const ctl::Limits& l) { core->SetSessionLimits(to_session(l)); });
+  queue.Start();
+  Session session(core, **backend, queue, limits);
+  session.Serve().IgnoreError();
+  // The client left (or broke the protocol): the process ends, and with it every backend
+  // object of the session, whatever is still running.
+  std::fflush(stderr);
+  ::_exit(0);
+}
