@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -30,7 +31,9 @@ namespace {
 
 _cl_platform_id g_platform;
 std::mutex g_mu;  // guards g_devices, g_device_info, g_mems, g_samplers
-std::vector<_cl_device_id*> g_devices;
+// Never destroyed: the devices live as long as the process (an application may still call in
+// from its own exit handlers), and they stay reachable for leak checkers.
+std::vector<_cl_device_id*>& g_devices = *new std::vector<_cl_device_id*>();
 bool g_devices_ready = false;
 std::map<std::pair<uint32_t, cl_uint>, std::vector<uint8_t>> g_device_info;
 std::unordered_set<const void*> g_mems;  // live mem handles, to recognise buffer kernel args
@@ -86,7 +89,10 @@ cl_int RemoteInfo(wire::ObjectKind kind, uint64_t id, cl_uint param, std::vector
   out.clear();
   if (reply) {
     auto r = reply->root<wire::Reply>();
-    if (r.isInfo()) out.assign(r.getInfo().begin(), r.getInfo().end());
+    if (r.isInfo()) {
+      auto info = r.getInfo();  // read once: each read counts against the traversal limit
+      out.assign(info.begin(), info.end());
+    }
   }
   return CL_SUCCESS;
 }
@@ -199,6 +205,15 @@ cl_int CL_API_CALL GetDeviceInfo(cl_device_id device, cl_device_info param, size
   if (v.empty()) {
     cl_int err = RemoteInfo(wire::ObjectKind::DEVICE, device->index, param, v);
     if (err != CL_SUCCESS) return err;
+    if (param == CL_DEVICE_EXECUTION_CAPABILITIES &&
+        v.size() == sizeof(cl_device_exec_capabilities)) {
+      // A native kernel is a function of the application's address space, which the worker
+      // process cannot call: the device does not offer native kernels through gmux.
+      cl_device_exec_capabilities caps;
+      std::memcpy(&caps, v.data(), sizeof(caps));
+      caps &= ~static_cast<cl_device_exec_capabilities>(CL_EXEC_NATIVE_KERNEL);
+      std::memcpy(v.data(), &caps, sizeof(caps));
+    }
     if (param == CL_DEVICE_VERSION && v.size() > 11) {
       // The ICD implements the OpenCL 1.2 API; say so, keeping the backend's own description.
       std::string s(reinterpret_cast<const char*>(v.data()));
@@ -525,9 +540,24 @@ cl_mem CL_API_CALL CreateSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_
     SetErr(err, CL_INVALID_VALUE);
     return nullptr;
   }
-  if (flags == 0) flags = parent->flags & (CL_MEM_READ_WRITE | CL_MEM_READ_ONLY | CL_MEM_WRITE_ONLY);
+  constexpr cl_mem_flags kAccess = CL_MEM_READ_WRITE | CL_MEM_READ_ONLY | CL_MEM_WRITE_ONLY;
+  constexpr cl_mem_flags kHostAccess =
+      CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+  constexpr cl_mem_flags kHostPtr =
+      CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR;
+  if (flags & kHostPtr) {
+    SetErr(err, CL_INVALID_VALUE);
+    return nullptr;
+  }
+  // What the sub-buffer reports (CL_MEM_FLAGS): the flags given, with the access and host
+  // access flags not given and the host pointer flags inherited from the parent, as OpenCL
+  // requires. The backend gets the flags given, with the parent's access flags when none are.
+  cl_mem_flags reported = flags | (parent->flags & kHostPtr);
+  if ((flags & kAccess) == 0) reported |= parent->flags & kAccess;
+  if ((flags & kHostAccess) == 0) reported |= parent->flags & kHostAccess;
+  if ((flags & kAccess) == 0) flags |= parent->flags & kAccess;
   Connection* c = Conn();
-  cl_mem m = NewMem(parent->context, flags, region->size,
+  cl_mem m = NewMem(parent->context, reported, region->size,
                     parent->host_ptr ? static_cast<uint8_t*>(parent->host_ptr) + region->origin : nullptr);
   m->parent = parent;
   m->origin = region->origin;
@@ -574,10 +604,25 @@ cl_int CL_API_CALL ReleaseMemObject(cl_mem m) {
       if (map.owned) std::free(map.ptr);
     }
     m->kind = Kind::kDead;
+    // The object is gone for the ICD (its handle is rejected from now on): the destructor
+    // callbacks run now, the last registered first (OpenCL 1.2 section 5.4.1).
+    for (auto it = m->destructors.rbegin(); it != m->destructors.rend(); ++it) {
+      it->first(m, it->second);
+    }
     delete m;
     if (parent != nullptr) ReleaseMemObject(parent);
     ReleaseContext(ctx);
   }
+  return CL_SUCCESS;
+}
+
+cl_int CL_API_CALL SetMemObjectDestructorCallback(cl_mem m,
+                                                  void(CL_CALLBACK* fn)(cl_mem, void*),
+                                                  void* user) {
+  if (!Is(m, Kind::kMem)) return CL_INVALID_MEM_OBJECT;
+  if (fn == nullptr) return CL_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(m->mu);
+  m->destructors.emplace_back(fn, user);
   return CL_SUCCESS;
 }
 
@@ -1996,7 +2041,9 @@ cl_kernel CL_API_CALL CreateKernel(cl_program p, const char* name, cl_int* err) 
     SetErr(err, CL_INVALID_VALUE);
     return nullptr;
   }
-  auto* k = new _cl_kernel();
+  // Owned here until the daemon's reply is read: a reply that throws while read frees it.
+  auto owned = std::make_unique<_cl_kernel>();
+  _cl_kernel* k = owned.get();
   k->id = Conn()->NextId();
   k->program = p;
   k->name = name;
@@ -2008,15 +2055,17 @@ cl_kernel CL_API_CALL CreateKernel(cl_program p, const char* name, cl_int* err) 
   std::optional<proto::Message> reply;
   cl_int e = Conn()->Call(b, &reply);
   if (e != CL_SUCCESS || !reply || !reply->root<wire::Reply>().isKernel()) {
-    delete k;
     SetErr(err, e != CL_SUCCESS ? e : CL_OUT_OF_RESOURCES);
     return nullptr;
   }
   auto kr = reply->root<wire::Reply>().getKernel();
   k->args.resize(std::min<uint32_t>(kr.getNumArgs(), 4096));
   std::vector<cl_uint> quals(k->args.size(), 0);
-  for (unsigned i = 0; i < quals.size() && i < kr.getArgAddressQualifiers().size(); ++i) {
-    quals[i] = kr.getArgAddressQualifiers()[i];
+  // The list is read once: every read of it counts its whole size against the reply's
+  // traversal limit, so reading it per element would be quadratic in the argument count.
+  auto reply_quals = kr.getArgAddressQualifiers();
+  for (unsigned i = 0; i < quals.size() && i < reply_quals.size(); ++i) {
+    quals[i] = reply_quals[i];
   }
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -2024,7 +2073,7 @@ cl_kernel CL_API_CALL CreateKernel(cl_program p, const char* name, cl_int* err) 
   }
   RetainProgram(p);
   SetErr(err, CL_SUCCESS);
-  return k;
+  return owned.release();
 }
 
 cl_int CL_API_CALL CreateKernelsInProgram(cl_program p, cl_uint n, cl_kernel* kernels,
@@ -2197,6 +2246,16 @@ cl_int CL_API_CALL EnqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint
   return enq.Post();
 }
 
+cl_int CL_API_CALL EnqueueNativeKernel(cl_command_queue q, void(CL_CALLBACK*)(void*), void*,
+                                       size_t, cl_uint, const cl_mem*, const void**, cl_uint,
+                                       const cl_event*, cl_event*) {
+  if (!Is(q, Kind::kQueue)) return CL_INVALID_COMMAND_QUEUE;
+  // A native kernel is a host function of the application; the device runs in another
+  // process, so it has no CL_EXEC_NATIVE_KERNEL capability (GetDeviceInfo) and the call fails
+  // as OpenCL requires for such a device.
+  return CL_INVALID_OPERATION;
+}
+
 cl_int CL_API_CALL EnqueueTask(cl_command_queue q, cl_kernel k, cl_uint nwait,
                                const cl_event* waits, cl_event* event) {
   size_t one = 1;
@@ -2236,6 +2295,40 @@ struct Unsupported<R(CL_API_CALL*)(A...)> {
   }
 };
 
+// Guarded<F>::Fn calls F and turns any exception escaping it (a Cap'n Proto decode error, a
+// failed allocation, a library's own exception) into an OpenCL error for that call: the ICD
+// never lets an exception reach its host program, which would terminate it.
+template <auto F>
+struct Guarded;
+
+template <typename R, typename... A, R(CL_API_CALL* F)(A...)>
+struct Guarded<F> {
+  static R CL_API_CALL Fn(A... args) {
+    cl_int code = CL_OUT_OF_RESOURCES;
+    try {
+      return F(args...);
+    } catch (const std::bad_alloc&) {
+      code = CL_OUT_OF_HOST_MEMORY;
+    } catch (...) {
+      code = CL_OUT_OF_RESOURCES;
+    }
+    if constexpr (sizeof...(A) > 0) {
+      using Last = std::tuple_element_t<sizeof...(A) - 1, std::tuple<A...>>;
+      if constexpr (std::is_same_v<Last, cl_int*>) {
+        Last e = std::get<sizeof...(A) - 1>(std::forward_as_tuple(args...));
+        if (e != nullptr) *e = code;
+      }
+    }
+    if constexpr (std::is_same_v<R, cl_int>) {
+      return code;
+    } else if constexpr (std::is_pointer_v<R>) {
+      return nullptr;
+    } else if constexpr (!std::is_void_v<R>) {
+      return R{};
+    }
+  }
+};
+
 // Slots typed void* in the headers (APIs of other windowing systems) get a function that
 // returns CL_INVALID_OPERATION; they are never NULL.
 cl_int CL_API_CALL UnsupportedUntyped() { return CL_INVALID_OPERATION; }
@@ -2254,91 +2347,94 @@ cl_icd_dispatch MakeTable() {
 #define GMUX_SLOT(name) FillUnsupported(d.name);
 #include "icd/dispatch_slots.inc"
 #undef GMUX_SLOT
-  d.clGetPlatformIDs = &GetPlatformIDs;
-  d.clGetPlatformInfo = &GetPlatformInfo;
-  d.clGetDeviceIDs = &GetDeviceIDs;
-  d.clGetDeviceInfo = &GetDeviceInfo;
-  d.clRetainDevice = &RetainDevice;
-  d.clReleaseDevice = &ReleaseDevice;
-  d.clCreateContext = &CreateContext;
-  d.clCreateContextFromType = &CreateContextFromType;
-  d.clRetainContext = &RetainContext;
-  d.clReleaseContext = &ReleaseContext;
-  d.clGetContextInfo = &GetContextInfo;
-  d.clCreateCommandQueue = &CreateCommandQueue;
-  d.clCreateCommandQueueWithProperties = &CreateCommandQueueWithProperties;
-  d.clRetainCommandQueue = &RetainCommandQueue;
-  d.clReleaseCommandQueue = &ReleaseCommandQueue;
-  d.clGetCommandQueueInfo = &GetCommandQueueInfo;
-  d.clFlush = &Flush;
-  d.clFinish = &Finish;
-  d.clCreateBuffer = &CreateBuffer;
-  d.clCreateSubBuffer = &CreateSubBuffer;
-  d.clRetainMemObject = &RetainMemObject;
-  d.clReleaseMemObject = &ReleaseMemObject;
-  d.clGetMemObjectInfo = &GetMemObjectInfo;
-  d.clGetSupportedImageFormats = &GetSupportedImageFormats;
-  d.clCreateImage = &CreateImage;
-  d.clCreateImage2D = &CreateImage2D;
-  d.clCreateImage3D = &CreateImage3D;
-  d.clGetImageInfo = &GetImageInfo;
-  d.clCreateSampler = &CreateSampler;
-  d.clRetainSampler = &RetainSampler;
-  d.clReleaseSampler = &ReleaseSampler;
-  d.clGetSamplerInfo = &GetSamplerInfo;
-  d.clEnqueueReadImage = &EnqueueReadImage;
-  d.clEnqueueWriteImage = &EnqueueWriteImage;
-  d.clEnqueueCopyImage = &EnqueueCopyImage;
-  d.clEnqueueFillImage = &EnqueueFillImage;
-  d.clEnqueueCopyImageToBuffer = &EnqueueCopyImageToBuffer;
-  d.clEnqueueCopyBufferToImage = &EnqueueCopyBufferToImage;
-  d.clEnqueueMapImage = &EnqueueMapImage;
-  d.clRetainEvent = &RetainEvent;
-  d.clReleaseEvent = &ReleaseEvent;
-  d.clWaitForEvents = &WaitForEvents;
-  d.clGetEventInfo = &GetEventInfo;
-  d.clGetEventProfilingInfo = &GetEventProfilingInfo;
-  d.clSetEventCallback = &SetEventCallback;
-  d.clCreateUserEvent = &CreateUserEvent;
-  d.clSetUserEventStatus = &SetUserEventStatus;
-  d.clEnqueueReadBuffer = &EnqueueReadBuffer;
-  d.clEnqueueWriteBuffer = &EnqueueWriteBuffer;
-  d.clEnqueueReadBufferRect = &EnqueueReadBufferRect;
-  d.clEnqueueWriteBufferRect = &EnqueueWriteBufferRect;
-  d.clEnqueueCopyBuffer = &EnqueueCopyBuffer;
-  d.clEnqueueCopyBufferRect = &EnqueueCopyBufferRect;
-  d.clEnqueueFillBuffer = &EnqueueFillBuffer;
-  d.clEnqueueMarker = &EnqueueMarker;
-  d.clEnqueueBarrier = &EnqueueBarrier;
-  d.clEnqueueWaitForEvents = &EnqueueWaitForEvents;
-  d.clEnqueueMarkerWithWaitList = &EnqueueMarkerWithWaitList;
-  d.clEnqueueBarrierWithWaitList = &EnqueueBarrierWithWaitList;
-  d.clEnqueueMigrateMemObjects = &EnqueueMigrateMemObjects;
-  d.clEnqueueMapBuffer = &EnqueueMapBuffer;
-  d.clEnqueueUnmapMemObject = &EnqueueUnmapMemObject;
-  d.clCreateProgramWithSource = &CreateProgramWithSource;
-  d.clCreateProgramWithBinary = &CreateProgramWithBinary;
-  d.clRetainProgram = &RetainProgram;
-  d.clReleaseProgram = &ReleaseProgram;
-  d.clBuildProgram = &BuildProgram;
-  d.clCompileProgram = &CompileProgram;
-  d.clLinkProgram = &LinkProgram;
-  d.clUnloadCompiler = &UnloadCompiler;
-  d.clUnloadPlatformCompiler = &UnloadPlatformCompiler;
-  d.clGetProgramInfo = &GetProgramInfo;
-  d.clGetProgramBuildInfo = &GetProgramBuildInfo;
-  d.clCreateKernel = &CreateKernel;
-  d.clCreateKernelsInProgram = &CreateKernelsInProgram;
-  d.clRetainKernel = &RetainKernel;
-  d.clReleaseKernel = &ReleaseKernel;
-  d.clSetKernelArg = &SetKernelArg;
-  d.clGetKernelInfo = &GetKernelInfo;
-  d.clGetKernelWorkGroupInfo = &GetKernelWorkGroupInfo;
-  d.clGetKernelArgInfo = &GetKernelArgInfo;
-  d.clEnqueueNDRangeKernel = &EnqueueNDRangeKernel;
-  d.clEnqueueTask = &EnqueueTask;
-  d.clGetExtensionFunctionAddress = &GetExtensionFunctionAddress;
-  d.clGetExtensionFunctionAddressForPlatform = &GetExtensionFunctionAddressForPlatform;
+  d.clGetPlatformIDs = &Guarded<&GetPlatformIDs>::Fn;
+  d.clGetPlatformInfo = &Guarded<&GetPlatformInfo>::Fn;
+  d.clGetDeviceIDs = &Guarded<&GetDeviceIDs>::Fn;
+  d.clGetDeviceInfo = &Guarded<&GetDeviceInfo>::Fn;
+  d.clRetainDevice = &Guarded<&RetainDevice>::Fn;
+  d.clReleaseDevice = &Guarded<&ReleaseDevice>::Fn;
+  d.clCreateContext = &Guarded<&CreateContext>::Fn;
+  d.clCreateContextFromType = &Guarded<&CreateContextFromType>::Fn;
+  d.clRetainContext = &Guarded<&RetainContext>::Fn;
+  d.clReleaseContext = &Guarded<&ReleaseContext>::Fn;
+  d.clGetContextInfo = &Guarded<&GetContextInfo>::Fn;
+  d.clCreateCommandQueue = &Guarded<&CreateCommandQueue>::Fn;
+  d.clCreateCommandQueueWithProperties = &Guarded<&CreateCommandQueueWithProperties>::Fn;
+  d.clRetainCommandQueue = &Guarded<&RetainCommandQueue>::Fn;
+  d.clReleaseCommandQueue = &Guarded<&ReleaseCommandQueue>::Fn;
+  d.clGetCommandQueueInfo = &Guarded<&GetCommandQueueInfo>::Fn;
+  d.clFlush = &Guarded<&Flush>::Fn;
+  d.clFinish = &Guarded<&Finish>::Fn;
+  d.clCreateBuffer = &Guarded<&CreateBuffer>::Fn;
+  d.clCreateSubBuffer = &Guarded<&CreateSubBuffer>::Fn;
+  d.clRetainMemObject = &Guarded<&RetainMemObject>::Fn;
+  d.clReleaseMemObject = &Guarded<&ReleaseMemObject>::Fn;
+  d.clGetMemObjectInfo = &Guarded<&GetMemObjectInfo>::Fn;
+  d.clSetMemObjectDestructorCallback = &Guarded<&SetMemObjectDestructorCallback>::Fn;
+  d.clGetSupportedImageFormats = &Guarded<&GetSupportedImageFormats>::Fn;
+  d.clCreateImage = &Guarded<&CreateImage>::Fn;
+  d.clCreateImage2D = &Guarded<&CreateImage2D>::Fn;
+  d.clCreateImage3D = &Guarded<&CreateImage3D>::Fn;
+  d.clGetImageInfo = &Guarded<&GetImageInfo>::Fn;
+  d.clCreateSampler = &Guarded<&CreateSampler>::Fn;
+  d.clRetainSampler = &Guarded<&RetainSampler>::Fn;
+  d.clReleaseSampler = &Guarded<&ReleaseSampler>::Fn;
+  d.clGetSamplerInfo = &Guarded<&GetSamplerInfo>::Fn;
+  d.clEnqueueReadImage = &Guarded<&EnqueueReadImage>::Fn;
+  d.clEnqueueWriteImage = &Guarded<&EnqueueWriteImage>::Fn;
+  d.clEnqueueCopyImage = &Guarded<&EnqueueCopyImage>::Fn;
+  d.clEnqueueFillImage = &Guarded<&EnqueueFillImage>::Fn;
+  d.clEnqueueCopyImageToBuffer = &Guarded<&EnqueueCopyImageToBuffer>::Fn;
+  d.clEnqueueCopyBufferToImage = &Guarded<&EnqueueCopyBufferToImage>::Fn;
+  d.clEnqueueMapImage = &Guarded<&EnqueueMapImage>::Fn;
+  d.clRetainEvent = &Guarded<&RetainEvent>::Fn;
+  d.clReleaseEvent = &Guarded<&ReleaseEvent>::Fn;
+  d.clWaitForEvents = &Guarded<&WaitForEvents>::Fn;
+  d.clGetEventInfo = &Guarded<&GetEventInfo>::Fn;
+  d.clGetEventProfilingInfo = &Guarded<&GetEventProfilingInfo>::Fn;
+  d.clSetEventCallback = &Guarded<&SetEventCallback>::Fn;
+  d.clCreateUserEvent = &Guarded<&CreateUserEvent>::Fn;
+  d.clSetUserEventStatus = &Guarded<&SetUserEventStatus>::Fn;
+  d.clEnqueueReadBuffer = &Guarded<&EnqueueReadBuffer>::Fn;
+  d.clEnqueueWriteBuffer = &Guarded<&EnqueueWriteBuffer>::Fn;
+  d.clEnqueueReadBufferRect = &Guarded<&EnqueueReadBufferRect>::Fn;
+  d.clEnqueueWriteBufferRect = &Guarded<&EnqueueWriteBufferRect>::Fn;
+  d.clEnqueueCopyBuffer = &Guarded<&EnqueueCopyBuffer>::Fn;
+  d.clEnqueueCopyBufferRect = &Guarded<&EnqueueCopyBufferRect>::Fn;
+  d.clEnqueueFillBuffer = &Guarded<&EnqueueFillBuffer>::Fn;
+  d.clEnqueueMarker = &Guarded<&EnqueueMarker>::Fn;
+  d.clEnqueueBarrier = &Guarded<&EnqueueBarrier>::Fn;
+  d.clEnqueueWaitForEvents = &Guarded<&EnqueueWaitForEvents>::Fn;
+  d.clEnqueueMarkerWithWaitList = &Guarded<&EnqueueMarkerWithWaitList>::Fn;
+  d.clEnqueueBarrierWithWaitList = &Guarded<&EnqueueBarrierWithWaitList>::Fn;
+  d.clEnqueueMigrateMemObjects = &Guarded<&EnqueueMigrateMemObjects>::Fn;
+  d.clEnqueueMapBuffer = &Guarded<&EnqueueMapBuffer>::Fn;
+  d.clEnqueueUnmapMemObject = &Guarded<&EnqueueUnmapMemObject>::Fn;
+  d.clCreateProgramWithSource = &Guarded<&CreateProgramWithSource>::Fn;
+  d.clCreateProgramWithBinary = &Guarded<&CreateProgramWithBinary>::Fn;
+  d.clRetainProgram = &Guarded<&RetainProgram>::Fn;
+  d.clReleaseProgram = &Guarded<&ReleaseProgram>::Fn;
+  d.clBuildProgram = &Guarded<&BuildProgram>::Fn;
+  d.clCompileProgram = &Guarded<&CompileProgram>::Fn;
+  d.clLinkProgram = &Guarded<&LinkProgram>::Fn;
+  d.clUnloadCompiler = &Guarded<&UnloadCompiler>::Fn;
+  d.clUnloadPlatformCompiler = &Guarded<&UnloadPlatformCompiler>::Fn;
+  d.clGetProgramInfo = &Guarded<&GetProgramInfo>::Fn;
+  d.clGetProgramBuildInfo = &Guarded<&GetProgramBuildInfo>::Fn;
+  d.clCreateKernel = &Guarded<&CreateKernel>::Fn;
+  d.clCreateKernelsInProgram = &Guarded<&CreateKernelsInProgram>::Fn;
+  d.clRetainKernel = &Guarded<&RetainKernel>::Fn;
+  d.clReleaseKernel = &Guarded<&ReleaseKernel>::Fn;
+  d.clSetKernelArg = &Guarded<&SetKernelArg>::Fn;
+  d.clGetKernelInfo = &Guarded<&GetKernelInfo>::Fn;
+  d.clGetKernelWorkGroupInfo = &Guarded<&GetKernelWorkGroupInfo>::Fn;
+  d.clGetKernelArgInfo = &Guarded<&GetKernelArgInfo>::Fn;
+  d.clEnqueueNDRangeKernel = &Guarded<&EnqueueNDRangeKernel>::Fn;
+  d.clEnqueueTask = &Guarded<&EnqueueTask>::Fn;
+  d.clEnqueueNativeKernel = &Guarded<&EnqueueNativeKernel>::Fn;
+  d.clGetExtensionFunctionAddress = &Guarded<&GetExtensionFunctionAddress>::Fn;
+  d.clGetExtensionFunctionAddressForPlatform =
+      &Guarded<&GetExtensionFunctionAddressForPlatform>::Fn;
   return d;
 }
 
@@ -2351,7 +2447,7 @@ const cl_icd_dispatch* DispatchTable() {
 
 void* CL_API_CALL GetExtensionFunctionAddress(const char* name) {
   if (name != nullptr && std::strcmp(name, "clIcdGetPlatformIDsKHR") == 0) {
-    return reinterpret_cast<void*>(&GetPlatformIDs);
+    return reinterpret_cast<void*>(&Guarded<&GetPlatformIDs>::Fn);
   }
   return nullptr;
 }
@@ -2371,23 +2467,26 @@ extern "C" {
 
 __attribute__((visibility("default"))) cl_int CL_API_CALL
 clIcdGetPlatformIDsKHR(cl_uint num_entries, cl_platform_id* platforms, cl_uint* num_platforms) {
-  return gmux::icd::GetPlatformIDs(num_entries, platforms, num_platforms);
+  return gmux::icd::Guarded<&gmux::icd::GetPlatformIDs>::Fn(num_entries, platforms,
+                                                              num_platforms);
 }
 
 __attribute__((visibility("default"))) void* CL_API_CALL
 clGetExtensionFunctionAddress(const char* name) {
-  return gmux::icd::GetExtensionFunctionAddress(name);
+  return gmux::icd::Guarded<&gmux::icd::GetExtensionFunctionAddress>::Fn(name);
 }
 
 __attribute__((visibility("default"))) void* CL_API_CALL
 clGetExtensionFunctionAddressForPlatform(cl_platform_id platform, const char* name) {
-  return gmux::icd::GetExtensionFunctionAddressForPlatform(platform, name);
+  return gmux::icd::Guarded<&gmux::icd::GetExtensionFunctionAddressForPlatform>::Fn(platform,
+                                                                                      name);
 }
 
 __attribute__((visibility("default"))) cl_int CL_API_CALL
 clGetPlatformInfo(cl_platform_id platform, cl_platform_info param, size_t size, void* value,
                   size_t* size_ret) {
-  return gmux::icd::GetPlatformInfo(platform, param, size, value, size_ret);
+  return gmux::icd::Guarded<&gmux::icd::GetPlatformInfo>::Fn(platform, param, size, value,
+                                                               size_ret);
 }
 
 }  // extern "C"

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "icd/connection.h"
@@ -92,8 +93,11 @@ struct _cl_mem : gmux::icd::ObjectHeader {
   void* host_ptr = nullptr;
   cl_mem parent = nullptr;
   size_t origin = 0;
-  std::mutex mu;  // guards maps
+  std::mutex mu;  // guards maps and destructors
   std::vector<Mapping> maps;
+  // clSetMemObjectDestructorCallback's callbacks, in registration order (run in reverse when
+  // the last reference is released).
+  std::vector<std::pair<void(CL_CALLBACK*)(cl_mem, void*), void*>> destructors;
   // Images (type != CL_MEM_OBJECT_BUFFER): format, description (pitches of host_ptr for
   // CL_MEM_USE_HOST_PTR) and the bytes of one pixel.
   cl_mem_object_type type = CL_MEM_OBJECT_BUFFER;
