@@ -10,6 +10,9 @@ packages=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
+  # sanitizer and fuzz stages of scripts/test.sh: gcc's sanitizer runtimes come with gcc; the
+  # fuzz targets need clang with libFuzzer, and llvm-symbolizer names the frames of its reports
+  clang-14 libclang-rt-14-dev llvm-14
   # plots
   gnuplot-nox
   # runtime: OpenCL loader, headers, PoCL, wire schema, networking, ledger, metrics

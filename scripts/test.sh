@@ -1,8 +1,196 @@
 #!/usr/bin/env bash
-# The README's test command: installs dependencies, builds, and runs every test with CTest.
+# The README's test command: installs dependencies, builds, and runs every test with CTest, then
+# the same code under sanitizers and its fuzzers. Stages, in order (docs/testing.md has their
+# costs and what each leaves out):
+#   main  build/       the normal build and the whole suite: the main gate
+#   asan  build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer, the suite but clpeak
+#   tsan  build-tsan/  ThreadSanitizer, the daemon's tests and the runtime tests (real gmuxd)
+#   fuzz  build-fuzz/  clang + libFuzzer: every fuzz target for a bounded time on its corpus
+# GMUX_CI_STAGES picks stages (default "main asan tsan fuzz"; e.g. GMUX_CI_STAGES=main locally).
+# Every stage runs even when an earlier one failed; the script fails if any stage failed.
+# GMUX_JOBS sets build and test parallelism; GMUX_FUZZ_SECONDS the fuzzing time shared by all
+# targets (default 120).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root="$PWD"
+stages="${GMUX_CI_STAGES:-main asan tsan fuzz}"
+jobs="${GMUX_JOBS:-$(nproc)}"
+fuzz_seconds="${GMUX_FUZZ_SECONDS:-120}"
+for s in $stages; do
+  case "$s" in
+    main | asan | tsan | fuzz) ;;
+    *) echo "test.sh: unknown stage '$s' in GMUX_CI_STAGES (main asan tsan fuzz)" >&2; exit 2 ;;
+  esac
+done
+
+logs="$(mktemp -d /tmp/gmux-test-XXXXXX)"
+chmod 755 "$logs"  # tenants' processes write their sanitizer reports below it
+# Names the frames of every sanitizer report (gcc's and clang's runtimes both speak to it).
+symbolizer=/usr/lib/llvm-14/bin/llvm-symbolizer
+# Tests the sanitizer stages leave out: clinfo's and clpeak's run Debian's uninstrumented programs,
+# which cannot load the instrumented ICD (and clpeak's groups take minutes each even uninstrumented).
+uninstrumented_tools='[Cc]lpeak|ToolsTest'
+
 bash scripts/install-deps.sh
-bash scripts/build.sh
-cd build
-ctest --output-on-failure -j "${GMUX_JOBS:-$(nproc)}" --timeout 600
+
+# Sanitizer reports go to files under one directory per stage (log_path), so that a report from
+# a process no test waits on — gmuxd and its workers, which the runtime tests stop at exit — still
+# fails the stage; .ci/check-sanitizer-reports.sh prints them and says which are third-party.
+# Processes of other uids (tenants' workers and clients) write there too.
+reports_dir() {
+  local d="$logs/reports-$1"
+  mkdir -p "$d"
+  chmod 1777 "$d"
+  echo "$d"
+}
+
+# configure_and_build DIR CMAKE_ARGS...
+configure_and_build() {
+  local dir="$1"
+  shift
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+# run_ctest DIR CTEST_ARGS...: the stage's tests; ctest's closing summary line is kept for the
+# final summary.
+run_ctest() {
+  local dir="$1"
+  shift
+  local rc=0
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600 "$@") 2>&1 |
+    tee "$logs/ctest-$stage.log" || rc=$?
+  grep -E "tests passed|tests failed" "$logs/ctest-$stage.log" | tail -1 >"$logs/summary-$stage" || true
+  return "$rc"
+}
+
+stage_main() {
+  bash scripts/build.sh
+  mark build
+  run_ctest build
+}
+
+stage_asan() {
+  configure_and_build build-asan -DGMUX_SANITIZE=address,undefined -DGMUX_BUILD_BENCH=OFF
+  mark build
+  local reports
+  reports="$(reports_dir asan)"
+  # Leaks are checked, but those inside PoCL and LLVM are suppressed (.ci/lsan.supp). A 16 MiB
+  # quarantine of freed memory (default 256) keeps the tests' RSS bounds meaningful.
+  export ASAN_OPTIONS="external_symbolizer_path=$symbolizer:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_string_checks=1:quarantine_size_mb=16:log_path=$reports/asan"
+  export LSAN_OPTIONS="suppressions=$root/.ci/lsan.supp:print_suppressions=0"
+  # UBSan ignores log_path in a build combined with ASan: its reports go to the process's stderr
+  # (the test's output; a daemon that hits one dies, failing its tests).
+  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+  local rc=0
+  # The 64-client load tests are left out as under TSan: 64 instrumented clients compiling cold
+  # on 2 cores take minutes; the 8-client ones run the same paths.
+  run_ctest build-asan -E "$uninstrumented_tools|LoadTest\.SixtyFour" || rc=$?
+  bash .ci/check-sanitizer-reports.sh "$reports" || rc=1
+  return "$rc"
+}
+
+stage_tsan() {
+  # Only what the daemon's and the runtime tests need: the daemon's (and worker's) test
+  # executables, every runtime test, and the programs they start.
+  local tests=() labels=runtime f
+  for f in tests/daemon/*_test.cc tests/worker/*_test.cc; do
+    [ -e "$f" ] || continue
+    tests+=("$(basename "$f" .cc)")
+    labels="$labels|$(basename "$f" .cc)"
+  done
+  for f in tests/runtime/*_test.cc; do
+    [[ "$(basename "$f")" =~ ^(clpeak|tools)_test ]] || tests+=("$(basename "$f" .cc)")
+  done
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMUX_SANITIZE=thread \
+    -DGMUX_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-tsan -j "$jobs" --target gmuxd gmux-worker gmux-icd gmux "${tests[@]}"
+  mark build
+  local reports
+  reports="$(reports_dir tsan)"
+  # No reports of deadly signals (handle_segv=0): the isolation tests' hostile kernels crash their
+  # own worker on purpose, TSan's report of that crash has no stack to tell it from gmux's, and the
+  # asan stage reports every SEGV with its stack.
+  export TSAN_OPTIONS="external_symbolizer_path=$symbolizer:halt_on_error=1:second_deadlock_stack=1:handle_segv=0:suppressions=$root/.ci/tsan.supp:log_path=$reports/tsan"
+  export GMUX_TEST_FEW_ITERATIONS=1
+  # Tests are labelled by executable, runtime tests all "runtime". The 64-client load tests are
+  # left out: 128 instrumented processes on 2 cores run past the test timeout (the 8-client ones
+  # exercise the same paths).
+  local rc=0
+  run_ctest build-tsan -L "^($labels)\$" -E "$uninstrumented_tools|LoadTest\.SixtyFour" || rc=$?
+  bash .ci/check-sanitizer-reports.sh "$reports" || rc=1
+  return "$rc"
+}
+
+stage_fuzz() {
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGMUX_SANITIZE=address,undefined -DGMUX_FUZZ=ON -DGMUX_BUILD_TESTS=OFF \
+    -DGMUX_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-fuzz -j "$jobs" --target gmux_fuzzers
+  mark build
+  export ASAN_OPTIONS="external_symbolizer_path=$symbolizer:detect_leaks=1"
+  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+  local fuzzers=(build-fuzz/bin/*_fuzz)
+  local each=$((fuzz_seconds / ${#fuzzers[@]}))
+  [ "$each" -ge 1 ] || each=1
+  local rc=0 crashes=0
+  for f in "${fuzzers[@]}"; do
+    local name
+    name="$(basename "$f" _fuzz)"
+    # New inputs go to a scratch corpus; the checked-in seeds are only read. A crashing (or slow,
+    # or memory-hungry) input is written beside the logs and printed in base64 (docs/testing.md:
+    # reproducing one).
+    local work="$logs/corpus-$name" log="$logs/fuzz-$name.log"
+    mkdir -p "$work"
+    echo "fuzzing $name for ${each}s"
+    if "$f" -max_total_time="$each" -rss_limit_mb=2048 -timeout=25 -print_final_stats=1 \
+      -artifact_prefix="$logs/artifact-$name-" "$work" "fuzz/corpus/$name" >"$log" 2>&1; then
+      grep -E "^(Done|stat::)" "$log" || true
+    else
+      rc=1
+      cat "$log"
+    fi
+  done
+  for c in "$logs"/artifact-*; do
+    [ -e "$c" ] || continue
+    crashes=$((crashes + 1))
+    echo "failing input $(basename "$c") (base64): $(base64 -w0 "$c")"
+  done
+  echo "fuzzing: ${#fuzzers[@]} targets, ${each}s each, $crashes failing inputs" >"$logs/summary-$stage"
+  [ "$crashes" -eq 0 ] || rc=1
+  return "$rc"
+}
+
+# Per-stage timing: mark records when a stage's build ended.
+mark() { date +%s >"$logs/mark-$stage-$1"; }
+
+failed=()
+for stage in $stages; do
+  echo "==== stage $stage"
+  start=$(date +%s)
+  set +e
+  (
+    set -euo pipefail
+    "stage_$stage"
+  )
+  rc=$?
+  set -e
+  end=$(date +%s)
+  built=$(cat "$logs/mark-$stage-build" 2>/dev/null || echo "$end")
+  timing="build $((built - start))s, tests $((end - built))s, total $((end - start))s"
+  result=passed
+  if [ "$rc" -ne 0 ]; then
+    result=FAILED
+    failed+=("$stage")
+  fi
+  echo "$stage: $result ($timing) $(cat "$logs/summary-$stage" 2>/dev/null || true)" >>"$logs/summary"
+  echo "==== stage $stage $result: $timing"
+done
+
+echo "==== summary"
+cat "$logs/summary"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "failed stages: ${failed[*]} (logs in $logs)"
+  exit 1
+fi
+rm -rf "$logs"
