@@ -6,7 +6,7 @@
 namespace gmux {
 namespace {
 
-std::string Join(std::initializer_list<std::string_view> xs) {
+std::string Join(std::span<const std::string_view> xs) {
   std::string out;
   for (auto x : xs) {
     if (!out.empty()) out += ", ";
@@ -113,7 +113,9 @@ Result<std::string> TomlDoc::Choice(const toml::table& t, std::string_view key,
   for (auto c : choices) {
     if (c == *s) return s;
   }
-  return Error(t.get(key), key, "'" + *s + "' is not one of: " + Join(choices));
+  return Error(t.get(key), key,
+               "'" + *s + "' is not one of: " +
+                   Join(std::span<const std::string_view>(choices.begin(), choices.size())));
 }
 
 Result<std::vector<std::string>> TomlDoc::Strings(
@@ -193,7 +195,11 @@ Result<std::vector<const toml::table*>> TomlDoc::Tables(const toml::table& t,
 }
 
 Status TomlDoc::OnlyKeys(const toml::table& t,
-                             std::initializer_list<std::string_view> allowed) const {
+                         std::initializer_list<std::string_view> allowed) const {
+  return OnlyKeys(t, std::span<const std::string_view>(allowed.begin(), allowed.size()));
+}
+
+Status TomlDoc::OnlyKeys(const toml::table& t, std::span<const std::string_view> allowed) const {
   for (const auto& [k, v] : t) {
     bool ok = false;
     for (auto a : allowed) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,7 @@ class TomlDoc {
 
   // Errors on the first key of `t` not in `allowed`.
   Status OnlyKeys(const toml::table& t, std::initializer_list<std::string_view> allowed) const;
+  Status OnlyKeys(const toml::table& t, std::span<const std::string_view> allowed) const;
 
  private:
   std::string path_;

@@ -131,12 +131,25 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     if (out.max_bulk_bytes != 0 && out.max_bulk_bytes < (1u << 20)) {
       return doc.Error(t.get("max_bulk_bytes"), "max_bulk_bytes", "must be at least 1 MiB");
     }
+    GMUX_RETURN_IF_ERROR(count("worker_memory_bytes", base.worker_memory_bytes,
+                               out.worker_memory_bytes));
+    // Below these a worker cannot even open the backend (PoCL and LLVM need about 100 MiB and
+    // a few dozen descriptors before any tenant work).
+    if (out.worker_memory_bytes != 0 && out.worker_memory_bytes < (256u << 20)) {
+      return doc.Error(t.get("worker_memory_bytes"), "worker_memory_bytes",
+                       "must be 0 (no limit) or at least 256 MiB");
+    }
+    GMUX_RETURN_IF_ERROR(count("worker_open_files", base.worker_open_files,
+                               out.worker_open_files));
+    if (out.worker_open_files != 0 && out.worker_open_files < 64) {
+      return doc.Error(t.get("worker_open_files"), "worker_open_files",
+                       "must be 0 (no limit) or at least 64");
+    }
     return Status::Ok();
   };
   GMUX_ASSIGN_OR_RETURN(const toml::table* lt, doc.Table(root, "limits", false));
   if (lt != nullptr) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*lt, {"command_time_limit_s", "max_queued_commands",
-                                            "max_events", "max_objects", "max_bulk_bytes"}));
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*lt, kTenantLimitKeys));
     GMUX_RETURN_IF_ERROR(read_limits(*lt, o.limits, o.limits));
   }
 
@@ -274,9 +287,9 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(auto tenant_tables, doc.Tables(root, "tenant", false));
   for (const toml::table* tt : tenant_tables) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, {"name", "weight", "uids", "tokens",
-                                            "command_time_limit_s", "max_queued_commands",
-                                            "max_events", "max_objects", "max_bulk_bytes"}));
+    std::vector<std::string_view> tenant_keys = {"name", "weight", "uids", "tokens"};
+    tenant_keys.insert(tenant_keys.end(), std::begin(kTenantLimitKeys), std::end(kTenantLimitKeys));
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, tenant_keys));
     TenantConfig tc;
     GMUX_RETURN_IF_ERROR(read_limits(*tt, o.limits, tc.limits));
     GMUX_ASSIGN_OR_RETURN(tc.name, doc.String(*tt, "name", std::nullopt));

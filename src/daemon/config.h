@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -38,7 +39,16 @@ struct TenantLimits {
   uint64_t max_events = 100000;            // per tenant: live event ids
   uint64_t max_objects = 65536;            // per tenant: live OpenCL objects
   uint64_t max_bulk_bytes = 2ull << 30;    // per tenant: staged transfer bytes
+  // Each of the tenant's worker processes (one per session), set with setrlimit before it
+  // serves the session, hard and soft, so tenant code cannot raise them again:
+  uint64_t worker_memory_bytes = 0;        // RLIMIT_DATA (heap, device buffers of a CPU device)
+  uint64_t worker_open_files = 1024;       // RLIMIT_NOFILE
 };
+
+// The keys of [limits] and of a [[tenant]]'s limits.
+inline constexpr std::string_view kTenantLimitKeys[] = {
+    "command_time_limit_s", "max_queued_commands", "max_events",       "max_objects",
+    "max_bulk_bytes",       "worker_memory_bytes", "worker_open_files"};
 
 struct TenantConfig {
   std::string name;

@@ -65,6 +65,10 @@ struct Assign {
   uint32_t max_payload_bytes = 0;
   uint32_t reserved = 0;
   Limits limits;
+  // Resource limits the worker sets on itself (hard and soft) before it serves the session;
+  // 0: left as they are.
+  uint64_t rlimit_data = 0;
+  uint64_t rlimit_nofile = 0;
   char tenant_name[128] = {};
 };
 

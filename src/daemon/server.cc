@@ -865,6 +865,8 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
   a.tcp = p->tcp ? 1 : 0;
   a.max_payload_bytes = options_.frame.max_payload_bytes;
   a.limits = ShareOf(p->tenant.limits, static_cast<size_t>(tenant_sessions_[p->tenant_id]) + 1);
+  a.rlimit_data = p->tenant.limits.worker_memory_bytes;
+  a.rlimit_nofile = p->tenant.limits.worker_open_files;
   std::strncpy(a.tenant_name, p->tenant.name.c_str(), sizeof(a.tenant_name) - 1);
   // The client's socket goes to the worker (blocking, as the worker reads it); the broker keeps
   // no copy.

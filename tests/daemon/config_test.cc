@@ -39,6 +39,34 @@ uids = [1000, 1001]
   EXPECT_EQ(o->TenantForUid(5).status().code(), StatusCode::kPermissionDenied);
 }
 
+TEST(DaemonConfigTest, WorkerResourceLimitsDefaultAndPerTenant) {
+  auto o = ParseDaemonConfig(R"(
+[limits]
+worker_open_files = 512
+
+[[tenant]]
+name = "small"
+uids = [1000]
+worker_memory_bytes = 536870912
+)", "gmux.toml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->limits.worker_memory_bytes, 0u);  // no memory limit unless configured
+  EXPECT_EQ(o->limits.worker_open_files, 512u);
+  auto t = o->TenantForUid(1000);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->limits.worker_memory_bytes, 536870912u);
+  EXPECT_EQ(t->limits.worker_open_files, 512u);  // inherited from [limits]
+  EXPECT_EQ(ParseDaemonConfig("", "g.toml")->limits.worker_open_files, 1024u);
+
+  auto tiny = ParseDaemonConfig("[limits]\nworker_memory_bytes = 1048576\n", "g.toml");
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("g.toml:2"), std::string::npos) << tiny.status().message();
+  EXPECT_NE(tiny.status().message().find("256 MiB"), std::string::npos) << tiny.status().message();
+  auto files = ParseDaemonConfig("[[tenant]]\nname = \"a\"\nworker_open_files = 3\n", "g.toml");
+  ASSERT_FALSE(files.ok());
+  EXPECT_NE(files.status().message().find("worker_open_files"), std::string::npos);
+}
+
 TEST(DaemonConfigTest, ErrorsNameFileLineAndKey) {
   auto o = ParseDaemonConfig("[daemon]\n\ninflight_per_device = 0\n", "conf/gmux.toml");
   ASSERT_FALSE(o.ok());

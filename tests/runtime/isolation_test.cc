@@ -1003,9 +1003,58 @@ TEST_F(IsolationTest, MarkersHeldBehindAUserEventStayCheap) {
 
 const char* kTinySource = "__kernel void tiny(__global int* a) { a[get_global_id(0)] += 1; }";
 
-// Slow: about 300,000 enqueues (tens of seconds on 2 cores).
+// Tenant B: 100 launches of one small kernel, each followed by clFinish, results checked; sends
+// the median latency in µs. 0 when right.
+int LatencyTenant(Channel& ch) {
+  GmuxDevice d;
+  if (!OpenGmux(d)) return 50;
+  cl_program p = Build(d, kTinySource);
+  if (p == nullptr) return 51;
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(p, "tiny", &err);
+  std::vector<int> v(256, 0);
+  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                            v.size() * sizeof(int), v.data(), &err);
+  if (k == nullptr || m == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &m) != CL_SUCCESS) {
+    return 52;
+  }
+  std::vector<int64_t> us;
+  size_t n = v.size();
+  for (int i = 0; i < 100; ++i) {
+    auto t = Clock::now();
+    if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &n, nullptr, 0, nullptr, nullptr) !=
+            CL_SUCCESS ||
+        clFinish(d.queue) != CL_SUCCESS) {
+      return 53;
+    }
+    us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
+  }
+  if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n * sizeof(int), v.data(), 0, nullptr,
+                          nullptr) != CL_SUCCESS) {
+    return 54;
+  }
+  for (int x : v) {
+    if (x != 100) return 55;
+  }
+  std::sort(us.begin(), us.end());
+  ch.Send(us[us.size() / 2]);
+  return 0;
+}
+
+// Slow: about 300,000 enqueues (tens of seconds on 2 cores). Tenant B's latency is compared with
+// its own latency in the same test before the backlog, not with a fixed figure, so a loaded or
+// instrumented run does not fail it; the defect it guards against made B 40-90 times slower.
 TEST_F(IsolationTest, HeldCommandsOfOneTenantDoNotSlowAnother) {
   ASSERT_NO_FATAL_FAILURE(StartDaemon("[limits]\nmax_queued_commands = 1000000\n"));
+  auto measure_b = [this](int tenant, const char* when) -> int64_t {
+    Child b = Spawn(tenant, 120, [](Channel& ch) { return LatencyTenant(ch); });
+    std::optional<int64_t> median_us = b.Receive(110s);
+    Outcome o = b.Wait(10s);
+    EXPECT_TRUE(o.ok()) << "tenant B " << when << ": " << o.Describe();
+    return median_us.value_or(-1);
+  };
+  const int64_t before_us = measure_b(131, "before the backlog");
+  ASSERT_GT(before_us, 0);
   Child holder = Spawn(130, 240, [](Channel& ch) {
     GmuxDevice d;
     if (!OpenGmux(d)) return 50;
@@ -1040,49 +1089,11 @@ TEST_F(IsolationTest, HeldCommandsOfOneTenantDoNotSlowAnother) {
   std::fprintf(stderr, "tenant A: %lld held commands in %lld ms\n",
                static_cast<long long>(*accepted),
                static_cast<long long>(holder.Receive(1s).value_or(-1)));
-  Child other = Spawn(131, 120, [](Channel& ch) {
-    GmuxDevice d;
-    if (!OpenGmux(d)) return 50;
-    cl_program p = Build(d, kTinySource);
-    if (p == nullptr) return 51;
-    cl_int err = CL_SUCCESS;
-    cl_kernel k = clCreateKernel(p, "tiny", &err);
-    std::vector<int> v(256, 0);
-    cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                              v.size() * sizeof(int), v.data(), &err);
-    if (k == nullptr || m == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &m) != CL_SUCCESS) {
-      return 52;
-    }
-    std::vector<int64_t> us;
-    size_t n = v.size();
-    for (int i = 0; i < 100; ++i) {
-      auto t = Clock::now();
-      if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &n, nullptr, 0, nullptr, nullptr) !=
-              CL_SUCCESS ||
-          clFinish(d.queue) != CL_SUCCESS) {
-        return 53;
-      }
-      us.push_back(
-          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
-    }
-    if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n * sizeof(int), v.data(), 0, nullptr,
-                            nullptr) != CL_SUCCESS) {
-      return 54;
-    }
-    for (int x : v) {
-      if (x != 100) return 55;
-    }
-    std::sort(us.begin(), us.end());
-    ch.Send(us[us.size() / 2]);
-    return 0;
-  });
-  std::optional<int64_t> median_us = other.Receive(110s);
-  Outcome o = other.Wait(10s);
-  EXPECT_TRUE(o.ok()) << "tenant B: " << o.Describe();
-  ASSERT_TRUE(median_us.has_value());
-  std::fprintf(stderr, "tenant B: median launch + clFinish %lld us\n",
-               static_cast<long long>(*median_us));
-  EXPECT_LT(*median_us, 20000) << "tenant A's held backlog slows tenant B's launches";
+  const int64_t after_us = measure_b(132, "beside the backlog");
+  ASSERT_GT(after_us, 0);
+  std::fprintf(stderr, "tenant B: median launch + clFinish %lld us alone, %lld us beside the "
+               "backlog\n", static_cast<long long>(before_us), static_cast<long long>(after_us));
+  EXPECT_LT(after_us, 10 * before_us + 2000) << "tenant A's held backlog slows tenant B's launches";
   holder.Kill();
   ExpectAlive("after the held backlog");
 }
@@ -1123,6 +1134,85 @@ TEST_F(IsolationTest, StatusShowsOtherTenantsOnlyToAdmins) {
   other.Kill();
   ExpectAlive("after the status requests");
   ExpectGoodTenant(142, 5, 60s, "after the status requests");
+}
+
+// ---- worker resource limits from the config ----
+
+// Allocates and fills 64 MiB buffers until a call fails or 1.5 GiB are held. Exit 0: a call
+// failed (an OpenCL error, or the connection lost with its worker) before 1 GiB was held;
+// 1: at least 1 GiB was held; 50+: set-up failed. Sends 1 once its first buffer is written.
+int MemoryHog(Channel& ch) {
+  GmuxDevice d;
+  if (!OpenGmux(d)) return 50;
+  constexpr size_t kChunk = 64u << 20;
+  std::vector<char> host(kChunk, 7);
+  size_t held = 0;
+  std::vector<cl_mem> bufs;
+  while (held < (3u << 29)) {
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kChunk, nullptr, &err);
+    if (m != nullptr) {
+      err = clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, kChunk, host.data(), 0, nullptr,
+                                 nullptr);
+    }
+    if (err == CL_SUCCESS) err = clFinish(d.queue);
+    if (err != CL_SUCCESS) {
+      std::fprintf(stderr, "memory hog: error %d with %zu MiB held\n", err, held >> 20);
+      return held < (1u << 30) ? 0 : 1;
+    }
+    bufs.push_back(m);
+    if (held == 0) ch.Send(1);
+    held += kChunk;
+  }
+  return 1;
+}
+
+// "Max data size" and "Max open files" (soft) of a process from /proc/PID/limits; -1 unknown,
+// 0 unlimited.
+std::pair<long long, long long> DataAndFileLimits(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/limits");
+  std::string line;
+  long long data = -1, files = -1;
+  auto value = [](const std::string& l, size_t at) {
+    std::string v = l.substr(at);
+    v.erase(0, v.find_first_not_of(' '));
+    return v.rfind("unlimited", 0) == 0 ? 0LL : std::atoll(v.c_str());
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("Max data size", 0) == 0) data = value(line, 26);
+    if (line.rfind("Max open files", 0) == 0) files = value(line, 26);
+  }
+  return {data, files};
+}
+
+// A tenant's worker runs under the RLIMIT_DATA and RLIMIT_NOFILE of its [limits]: a tenant that
+// allocates past its memory limit gets errors (or loses its session), never the host's memory,
+// and another tenant goes on. Not under sanitizers: their shadow memory alone is past any
+// RLIMIT_DATA, so an instrumented worker could not allocate at all.
+TEST_F(IsolationTest, WorkerResourceLimitsBoundATenantsMemory) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "RLIMIT_DATA cannot be combined with a sanitizer's shadow memory";
+#endif
+  constexpr long long kLimit = 512ll << 20;
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(TenantTable(
+      "hog", 160, "worker_memory_bytes = " + std::to_string(kLimit) + "\nworker_open_files = 256")));
+  Child hog = Spawn(160, 120, [](Channel& ch) { return MemoryHog(ch); });
+  std::optional<int64_t> first = hog.Receive(60s);
+  ASSERT_TRUE(first.has_value()) << "the hog could not write its first buffer: "
+                                 << hog.Wait(1s).Describe();
+  // Its worker carries the limits.
+  std::set<uid_t> uids = {TenantUid(160)};
+  bool seen = false;
+  for (pid_t pid : RunningAsRoot() ? DescendantsOwnedBy(daemon_.pid(), uids)
+                                   : ProcessTree(daemon_.pid())) {
+    auto [data, files] = DataAndFileLimits(pid);
+    seen = seen || (data == kLimit && files == 256);
+  }
+  EXPECT_TRUE(seen) << "no worker of the tenant has RLIMIT_DATA " << kLimit << " and 256 files";
+  Outcome o = hog.Wait(120s);
+  EXPECT_TRUE(o.ok()) << "the hog must fail before it holds 1 GiB: " << o.Describe();
+  ExpectAlive("after a tenant ran into its memory limit");
+  ExpectGoodTenant(161, 10, 60s, "after a tenant ran into its memory limit");
 }
 
 // ---- 15. clients killed at random points ----
@@ -1201,9 +1291,15 @@ TEST_F(IsolationTest, ClientsKilledAtRandomPointsLeaveNothingBehind) {
     }
     ASSERT_TRUE(daemon_.Alive()) << "gmuxd died in wave " << wave;
   }
-  // Their workers must go too (within a short grace).
+  // Their workers must go too, within a grace: 10 s, or 90 s when instrumented, where each
+  // worker's exit runs the leak checker over PoCL's and LLVM's heap (seconds each on 2 cores).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr auto kGrace = 90s;
+#else
+  constexpr auto kGrace = 10s;
+#endif
   std::vector<pid_t> left;
-  auto deadline = Clock::now() + 10s;
+  auto deadline = Clock::now() + kGrace;
   do {
     left = DescendantsOwnedBy(daemon_.pid(), uids);
     if (!left.empty()) std::this_thread::sleep_for(100ms);

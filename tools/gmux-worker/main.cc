@@ -6,8 +6,10 @@
 // it), answers the client's hello, and then serves the client until the client leaves. It runs
 // only what gmuxd's scheduler releases (daemon/worker_queue.h). Not meant to be run by hand.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +28,17 @@ int Usage() {
                "usage: gmux-worker --control-fd N [--backend-library PATH] [--vendors-dir DIR] "
                "[--platform NAME]\n");
   return 2;
+}
+
+// Lowers `resource` to `value` (hard and soft); 0 leaves it. A limit already below stays.
+bool SetLimit(int resource, uint64_t value) {
+  if (value == 0) return true;
+  rlimit cur{};
+  if (::getrlimit(resource, &cur) != 0) return false;
+  rlim_t v = static_cast<rlim_t>(value);
+  if (cur.rlim_max != RLIM_INFINITY && cur.rlim_max < v) v = cur.rlim_max;
+  rlimit want{v, v};
+  return ::setrlimit(resource, &want) == 0;
 }
 
 }  // namespace
@@ -71,6 +84,13 @@ int main(int argc, char** argv) {
     return 4;
   }
   const ctl::Assign& a = assign[0];
+  // The tenant's resource limits, hard and soft, before any of its requests is read: from here
+  // on this process runs tenant code, which cannot raise them again (no CAP_SYS_RESOURCE).
+  if (!SetLimit(RLIMIT_DATA, a.rlimit_data) || !SetLimit(RLIMIT_NOFILE, a.rlimit_nofile)) {
+    std::fprintf(stderr, "gmux-worker: cannot set the tenant's resource limits: %s\n",
+                 std::strerror(errno));
+    return 5;
+  }
   auto core = std::make_shared<SessionCore>();
   core->fd = m->fd;
   core->id = a.session;
