@@ -1299,12 +1299,30 @@ TEST_F(IsolationTest, ClientsKilledAtRandomPointsLeaveNothingBehind) {
   constexpr auto kGrace = 10s;
 #endif
   std::vector<pid_t> left;
-  auto deadline = Clock::now() + kGrace;
+  const auto killed_at = Clock::now();
+  auto deadline = killed_at + kGrace;
   do {
     left = DescendantsOwnedBy(daemon_.pid(), uids);
     if (!left.empty()) std::this_thread::sleep_for(100ms);
   } while (!left.empty() && Clock::now() < deadline);
-  EXPECT_TRUE(left.empty()) << left.size() << " processes of killed clients left under gmuxd";
+  std::fprintf(stderr, "their processes were gone %lld ms after the last kill\n",
+               static_cast<long long>(MsSince(killed_at)));
+  if (!left.empty()) {
+    // What they are, for the failure message: state and command line of a few.
+    std::string what;
+    for (size_t i = 0; i < left.size() && i < 5; ++i) {
+      std::ifstream stat("/proc/" + std::to_string(left[i]) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      std::ifstream cmd("/proc/" + std::to_string(left[i]) + "/cmdline");
+      std::string argv0;
+      std::getline(cmd, argv0, '\0');
+      what += "\n  " + line.substr(0, 60) + " " + argv0;
+    }
+    ADD_FAILURE() << left.size() << " processes of killed clients left under gmuxd after "
+                  << std::chrono::duration_cast<std::chrono::seconds>(kGrace).count() << " s:"
+                  << what;
+  }
   const long after_kib = RssKiB(daemon_.pid());
   std::fprintf(stderr, "gmuxd RSS %ld KiB before, %ld KiB after 100 killed clients\n",
                baseline_kib, after_kib);
