@@ -575,7 +575,11 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto bs = root.initBinaryStatus(static_cast<unsigned>(status.size()));
       for (unsigned i = 0; i < status.size(); ++i) bs.set(i, status[i]);
       if (p == nullptr) return {err, "clCreateProgramWithBinary failed"};
-      programs_[r.getId()] = {Adopt(p), std::move(idx), {}, false, false};
+      ProgramObj obj;
+      obj.program = Adopt(p);
+      obj.devices = std::move(idx);
+      obj.from_binary = true;
+      programs_[r.getId()] = std::move(obj);
       return {};
     }
 
@@ -598,6 +602,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         dv.push_back(backend_.devices()[d]);
       }
       cl_int err;
+      if (build && p->from_binary && p->built) {
+        // Built again from the same binary: nothing can change, and PoCL 3.1 asserts in its
+        // kernel cache (program_device_dir) on a second build of a program from binary, which
+        // would end the session. The program stays built, as the application expects.
+        return {};
+      }
       if (build) {
         err = cl_.clBuildProgram(p->program->h, static_cast<cl_uint>(dv.size()),
                                  dv.empty() ? nullptr : dv.data(), options.c_str(), nullptr,
@@ -642,6 +652,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         return {err, build ? "program build failed (see the build log)"
                            : "program compile failed (see the build log)"};
       }
+      if (build) p->built = true;
       return {};
     }
 

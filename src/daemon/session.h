@@ -160,6 +160,8 @@ class Session {
     std::string source;      // created from source: the text (split scan, kernel_scan.h)
     bool splittable = false; // built from `source` alone and ScanForSplit() allows it
     bool linked = false;     // made by clLinkProgram: not built or compiled again
+    bool from_binary = false;  // made by clCreateProgramWithBinary
+    bool built = false;        // clBuildProgram succeeded at least once
   };
   struct KernelObj {
     Ref<cl_kernel> kernel;

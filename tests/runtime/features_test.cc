@@ -272,6 +272,45 @@ TEST_P(FeaturesTest, ApiErrorsAreReturnedNotCrashes) {
   clReleaseProgram(p);
 }
 
+// Building a program from binary a second time is legal OpenCL; PoCL 3.1 asserts on it (natively
+// the program dies, so this runs through gmux only). Through gmux the second build succeeds and
+// the program's kernels still run.
+TEST(FeaturesGmuxTest, ProgramFromBinaryBuiltTwiceStillRuns) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  cl_program p = BuildProgram(d, kScale);
+  ASSERT_NE(p, nullptr);
+  size_t size = 0;
+  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr), CL_SUCCESS);
+  std::vector<unsigned char> bin(size);
+  unsigned char* ptr = bin.data();
+  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr), CL_SUCCESS);
+  const unsigned char* cptr = bin.data();
+  cl_int status = 0, err = 0;
+  cl_program q = clCreateProgramWithBinary(d.context, 1, &d.device, &size, &cptr, &status, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(clBuildProgram(q, 1, &d.device, "", nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clBuildProgram(q, 1, &d.device, "", nullptr, nullptr), CL_SUCCESS);
+  cl_kernel k = clCreateKernel(q, "scale", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<int> host(64, 2);
+  cl_mem buf = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, 64 * sizeof(int),
+                              host.data(), &err);
+  int f = 21;
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof(cl_mem), &buf), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 1, sizeof(int), &f), CL_SUCCESS);
+  size_t g = 64;
+  ASSERT_EQ(clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, buf, CL_TRUE, 0, 64 * sizeof(int), host.data(), 0, nullptr,
+                                nullptr),
+            CL_SUCCESS);
+  for (int v : host) ASSERT_EQ(v, 42);
+  clReleaseMemObject(buf);
+  clReleaseKernel(k);
+  clReleaseProgram(q);
+  clReleaseProgram(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(GmuxAndNative, FeaturesTest,
                          ::testing::Values(kGmux, kNative),
                          [](const auto& param_info) {
