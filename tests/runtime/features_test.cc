@@ -199,34 +199,50 @@ TEST_P(FeaturesTest, FillCopyAndRectTransfers) {
   clReleaseMemObject(b);
 }
 
-TEST_P(FeaturesTest, ProgramBinariesRoundTrip) {
-  cl_program p = BuildProgram(d_, kScale);
-  ASSERT_NE(p, nullptr);
+// A new program, not built, from the binary of `source` (built) on `d`.
+void ProgramFromBinaryOf(const ClDevice& d, cl_program source, cl_program* out) {
   size_t size = 0;
-  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clGetProgramInfo(source, CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr),
+            CL_SUCCESS);
   ASSERT_GT(size, 0u);
   std::vector<unsigned char> bin(size);
   unsigned char* ptr = bin.data();
-  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clGetProgramInfo(source, CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr), CL_SUCCESS);
   const unsigned char* cptr = bin.data();
   cl_int status = 0, err = 0;
-  cl_program q = clCreateProgramWithBinary(d_.context, 1, &d_.device, &size, &cptr, &status, &err);
+  *out = clCreateProgramWithBinary(d.context, 1, &d.device, &size, &cptr, &status, &err);
   ASSERT_EQ(err, CL_SUCCESS);
   EXPECT_EQ(status, CL_SUCCESS);
-  ASSERT_EQ(clBuildProgram(q, 1, &d_.device, "", nullptr, nullptr), CL_SUCCESS);
-  cl_kernel k = clCreateKernel(q, "scale", &err);
-  ASSERT_EQ(err, CL_SUCCESS);
+}
+
+// Runs kScale's `scale` kernel `k` with factor 21 over 64 twos and expects 42 everywhere.
+void ExpectScaleRuns(const ClDevice& d, cl_kernel k) {
+  cl_int err = CL_SUCCESS;
   std::vector<int> host(64, 2);
-  cl_mem buf = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, 64 * sizeof(int),
+  cl_mem buf = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, 64 * sizeof(int),
                               host.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
   int f = 21;
-  clSetKernelArg(k, 0, sizeof(cl_mem), &buf);
-  clSetKernelArg(k, 1, sizeof(int), &f);
+  ASSERT_EQ(clSetKernelArg(k, 0, sizeof(cl_mem), &buf), CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 1, sizeof(int), &f), CL_SUCCESS);
   size_t g = 64;
-  ASSERT_EQ(clEnqueueNDRangeKernel(d_.queue, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
-  ASSERT_EQ(clEnqueueReadBuffer(d_.queue, buf, CL_TRUE, 0, 64 * sizeof(int), host.data(), 0, nullptr, nullptr),
+  ASSERT_EQ(clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, buf, CL_TRUE, 0, 64 * sizeof(int), host.data(), 0, nullptr, nullptr),
             CL_SUCCESS);
   for (int v : host) ASSERT_EQ(v, 42);
+  clReleaseMemObject(buf);
+}
+
+TEST_P(FeaturesTest, ProgramBinariesRoundTrip) {
+  cl_program p = BuildProgram(d_, kScale);
+  ASSERT_NE(p, nullptr);
+  cl_program q = nullptr;
+  ASSERT_NO_FATAL_FAILURE(ProgramFromBinaryOf(d_, p, &q));
+  ASSERT_EQ(clBuildProgram(q, 1, &d_.device, "", nullptr, nullptr), CL_SUCCESS);
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(q, "scale", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_NO_FATAL_FAILURE(ExpectScaleRuns(d_, k));
   char name[64] = {};
   clGetKernelInfo(k, CL_KERNEL_FUNCTION_NAME, sizeof(name), name, nullptr);
   EXPECT_STREQ(name, "scale");
@@ -234,7 +250,6 @@ TEST_P(FeaturesTest, ProgramBinariesRoundTrip) {
   EXPECT_EQ(clGetKernelWorkGroupInfo(k, d_.device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg, nullptr),
             CL_SUCCESS);
   EXPECT_GT(wg, 0u);
-  clReleaseMemObject(buf);
   clReleaseKernel(k);
   clReleaseProgram(q);
   clReleaseProgram(p);
@@ -280,32 +295,14 @@ TEST(FeaturesGmuxTest, ProgramFromBinaryBuiltTwiceStillRuns) {
   ASSERT_TRUE(OpenDevice(kGmux, d));
   cl_program p = BuildProgram(d, kScale);
   ASSERT_NE(p, nullptr);
-  size_t size = 0;
-  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof(size), &size, nullptr), CL_SUCCESS);
-  std::vector<unsigned char> bin(size);
-  unsigned char* ptr = bin.data();
-  ASSERT_EQ(clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof(ptr), &ptr, nullptr), CL_SUCCESS);
-  const unsigned char* cptr = bin.data();
-  cl_int status = 0, err = 0;
-  cl_program q = clCreateProgramWithBinary(d.context, 1, &d.device, &size, &cptr, &status, &err);
-  ASSERT_EQ(err, CL_SUCCESS);
+  cl_program q = nullptr;
+  ASSERT_NO_FATAL_FAILURE(ProgramFromBinaryOf(d, p, &q));
   ASSERT_EQ(clBuildProgram(q, 1, &d.device, "", nullptr, nullptr), CL_SUCCESS);
   ASSERT_EQ(clBuildProgram(q, 1, &d.device, "", nullptr, nullptr), CL_SUCCESS);
+  cl_int err = CL_SUCCESS;
   cl_kernel k = clCreateKernel(q, "scale", &err);
   ASSERT_EQ(err, CL_SUCCESS);
-  std::vector<int> host(64, 2);
-  cl_mem buf = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, 64 * sizeof(int),
-                              host.data(), &err);
-  int f = 21;
-  ASSERT_EQ(clSetKernelArg(k, 0, sizeof(cl_mem), &buf), CL_SUCCESS);
-  ASSERT_EQ(clSetKernelArg(k, 1, sizeof(int), &f), CL_SUCCESS);
-  size_t g = 64;
-  ASSERT_EQ(clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr), CL_SUCCESS);
-  ASSERT_EQ(clEnqueueReadBuffer(d.queue, buf, CL_TRUE, 0, 64 * sizeof(int), host.data(), 0, nullptr,
-                                nullptr),
-            CL_SUCCESS);
-  for (int v : host) ASSERT_EQ(v, 42);
-  clReleaseMemObject(buf);
+  ASSERT_NO_FATAL_FAILURE(ExpectScaleRuns(d, k));
   clReleaseKernel(k);
   clReleaseProgram(q);
   clReleaseProgram(p);
