@@ -431,6 +431,22 @@ cl_program Build(const GmuxDevice& d, const std::string& source, std::string* lo
   return p;
 }
 
+int KernelOnBuffer(GmuxDevice& d, const std::string& source, const char* name, size_t bytes,
+                   const void* init, cl_kernel* kernel, cl_mem* buffer) {
+  if (!OpenGmux(d)) return 50;
+  cl_program p = Build(d, source);
+  if (p == nullptr) return 51;
+  cl_int err = CL_SUCCESS;
+  *kernel = clCreateKernel(p, name, &err);
+  const cl_mem_flags flags = CL_MEM_READ_WRITE | (init != nullptr ? CL_MEM_COPY_HOST_PTR : 0);
+  *buffer = clCreateBuffer(d.context, flags, bytes, const_cast<void*>(init), &err);
+  if (*kernel == nullptr || *buffer == nullptr ||
+      clSetKernelArg(*kernel, 0, sizeof(cl_mem), buffer) != CL_SUCCESS) {
+    return 52;
+  }
+  return 0;
+}
+
 int GoodTenant(int launches) {
   static const char* kAdd = "__kernel void add(__global int* a, int k) { a[get_global_id(0)] += k; }";
   GmuxDevice d;

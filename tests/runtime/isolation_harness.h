@@ -147,6 +147,13 @@ bool OpenGmux(GmuxDevice& out);
 cl_program Build(const GmuxDevice& d, const std::string& source, std::string* log = nullptr,
                  cl_int* err = nullptr);
 
+// The isolation clients' common start: opens the gmux device, builds `source` and makes kernel
+// `name` whose argument 0 is a new buffer of `bytes` (copied from `init` when it is not null).
+// 0, or the clients' exit codes for a failed start: 50 no device, 51 the build failed, 52 the
+// kernel, the buffer or the argument failed.
+int KernelOnBuffer(GmuxDevice& d, const std::string& source, const char* name, size_t bytes,
+                   const void* init, cl_kernel* kernel, cl_mem* buffer);
+
 // A well-behaved tenant: `launches` rounds of one small launch and clFinish, then the buffer is
 // read back and checked. 0 when every result was right; otherwise 10 + the step that failed.
 int GoodTenant(int launches);

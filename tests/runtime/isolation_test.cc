@@ -522,17 +522,11 @@ __kernel void spin(__global volatile int* flag) {
 // waits to be killed.
 int EndlessClient(Channel& ch) {
   GmuxDevice d;
-  if (!OpenGmux(d)) return 50;
-  cl_program p = Build(d, kSpinSource);
-  if (p == nullptr) return 51;
+  cl_kernel k = nullptr;
+  cl_mem flag = nullptr;
+  const int zero = 0;
+  if (int rc = KernelOnBuffer(d, kSpinSource, "spin", sizeof(int), &zero, &k, &flag)) return rc;
   cl_int err = CL_SUCCESS;
-  cl_kernel k = clCreateKernel(p, "spin", &err);
-  int zero = 0;
-  cl_mem flag = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof(int),
-                               &zero, &err);
-  if (k == nullptr || flag == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &flag) != CL_SUCCESS) {
-    return 52;
-  }
   size_t one = 1;
   auto t0 = Clock::now();
   if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &one, &one, 0, nullptr, nullptr) !=
@@ -622,15 +616,10 @@ const char* kOnceSource =
 // Sends how long clEnqueueNDRangeKernel (+ clFlush) took (ms) and its status; waits to be killed.
 int HugeLaunchClient(Channel& ch) {
   GmuxDevice d;
-  if (!OpenGmux(d)) return 50;
-  cl_program p = Build(d, kOnceSource);
-  if (p == nullptr) return 51;
+  cl_kernel k = nullptr;
+  cl_mem m = nullptr;
+  if (int rc = KernelOnBuffer(d, kOnceSource, "once", sizeof(int), nullptr, &k, &m)) return rc;
   cl_int err = CL_SUCCESS;
-  cl_kernel k = clCreateKernel(p, "once", &err);
-  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, sizeof(int), nullptr, &err);
-  if (k == nullptr || m == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &m) != CL_SUCCESS) {
-    return 52;
-  }
   size_t global = (size_t{1} << 61) - 1, group = 1;
   auto t0 = Clock::now();
   err = clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &global, &group, 0, nullptr, nullptr);
@@ -1007,16 +996,11 @@ const char* kTinySource = "__kernel void tiny(__global int* a) { a[get_global_id
 // the median latency in µs. 0 when right.
 int LatencyTenant(Channel& ch) {
   GmuxDevice d;
-  if (!OpenGmux(d)) return 50;
-  cl_program p = Build(d, kTinySource);
-  if (p == nullptr) return 51;
-  cl_int err = CL_SUCCESS;
-  cl_kernel k = clCreateKernel(p, "tiny", &err);
+  cl_kernel k = nullptr;
+  cl_mem m = nullptr;
   std::vector<int> v(256, 0);
-  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                            v.size() * sizeof(int), v.data(), &err);
-  if (k == nullptr || m == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &m) != CL_SUCCESS) {
-    return 52;
+  if (int rc = KernelOnBuffer(d, kTinySource, "tiny", v.size() * sizeof(int), v.data(), &k, &m)) {
+    return rc;
   }
   std::vector<int64_t> us;
   size_t n = v.size();
@@ -1057,17 +1041,12 @@ TEST_F(IsolationTest, HeldCommandsOfOneTenantDoNotSlowAnother) {
   ASSERT_GT(before_us, 0);
   Child holder = Spawn(130, 240, [](Channel& ch) {
     GmuxDevice d;
-    if (!OpenGmux(d)) return 50;
-    cl_program p = Build(d, kTinySource);
-    if (p == nullptr) return 51;
+    cl_kernel k = nullptr;
+    cl_mem m = nullptr;
+    if (int rc = KernelOnBuffer(d, kTinySource, "tiny", 64, nullptr, &k, &m)) return rc;
     cl_int err = CL_SUCCESS;
-    cl_kernel k = clCreateKernel(p, "tiny", &err);
-    cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 64, nullptr, &err);
     cl_event gate = clCreateUserEvent(d.context, &err);
-    if (k == nullptr || m == nullptr || gate == nullptr ||
-        clSetKernelArg(k, 0, sizeof(cl_mem), &m) != CL_SUCCESS) {
-      return 52;
-    }
+    if (gate == nullptr) return 52;
     auto t0 = Clock::now();
     int64_t accepted = 0;
     size_t one = 1;
@@ -1221,17 +1200,11 @@ TEST_F(IsolationTest, WorkerResourceLimitsBoundATenantsMemory) {
 int RandomWorkClient(uint32_t seed) {
   std::mt19937 rng(seed);
   GmuxDevice d;
-  if (!OpenGmux(d)) return 50;
-  cl_program p = Build(d, kTinySource);
-  if (p == nullptr) return 51;
-  cl_int err = CL_SUCCESS;
-  cl_kernel k = clCreateKernel(p, "tiny", &err);
+  cl_kernel k = nullptr;
+  cl_mem m = nullptr;
   const size_t bytes = 8u << 20;
   std::vector<int> host(bytes / sizeof(int), 1);
-  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, bytes, nullptr, &err);
-  if (k == nullptr || m == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &m) != CL_SUCCESS) {
-    return 52;
-  }
+  if (int rc = KernelOnBuffer(d, kTinySource, "tiny", bytes, nullptr, &k, &m)) return rc;
   for (;;) {
     switch (rng() % 3) {
       case 0: {
