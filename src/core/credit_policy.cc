@@ -193,6 +193,37 @@ std::optional<Dispatch> CreditPolicy::Pick(TimePoint now) {
   return DispatchHead(*next, t);
 }
 
+bool CreditPolicy::ExpressOk(TenantId tenant, TimePoint now) const {
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) return false;
+  for (const auto& [id, t] : tenants_) {
+    if (id != tenant && (!t.channel.empty() || t.in_flight > 0)) return false;
+  }
+  return it->second.credit1_ns > 0 || now >= grace_until_;
+}
+
+void CreditPolicy::Express(const CommandBlock& block, TimePoint now) {
+  Submit(block, now);
+  TenantState& t = tenants_.at(block.tenant);
+  // The block is the tenant's only pending one (the driver's precondition), so it is the head.
+  assert(t.channel.size() == 1);
+  // Out of credit: replenishment trigger (b), exactly when Pick() would fire it, so a lone
+  // tenant's debt is repaid as on the ordinary path instead of piling up while it runs alone.
+  if (t.credit1_ns <= 0 && claiming_ == 0 && now >= grace_until_) {
+    Replenish(now, Trigger::kSpareCapacity);
+  }
+  if (!turn_open_ || turn_tenant_ != block.tenant) {
+    // The lone tenant's turn, as Pick() would open it (Algorithm 1, steps 27-28).
+    turn_open_ = true;
+    turn_tenant_ = block.tenant;
+    turn_blocks_ = 0;
+    turn_used_ns_ = 0;
+    cursor_rank_ = t.rank;
+    if (options_.charge_per_round) Charge(t, credit_value().count());
+  }
+  DispatchHead(block.tenant, t);
+}
+
 CreditTenantView CreditPolicy::View(TenantId tenant) const {
   const TenantState& t = tenants_.at(tenant);
   const double unit = static_cast<double>(credit_value().count());

@@ -128,6 +128,10 @@ class CreditPolicy final : public Policy {
   void ReportCpuTime(TenantId tenant, Duration cumulative_cpu, TimePoint now) override;
   void ReportMemory(TenantId tenant, uint64_t bytes, TimePoint now) override;
   size_t Pending(TenantId tenant) const override;
+  // Express while no other tenant has work: a tenant with credit runs at once, and one without
+  // would be replenished by trigger (b) unless another credit holder is within idle_grace.
+  bool ExpressOk(TenantId tenant, TimePoint now) const override;
+  void Express(const CommandBlock& block, TimePoint now) override;
 
   // Introspection for tests and reports. Precondition for View: the tenant was added.
   CreditTenantView View(TenantId tenant) const;

@@ -66,6 +66,21 @@ class Policy {
 
   // Blocks submitted by `tenant` and not yet fully dispatched.
   virtual size_t Pending(TenantId tenant) const = 0;
+
+  // Express dispatch (docs/policies.md, "Express dispatch"). While one tenant has had a device
+  // to itself, the driver may let that tenant's commands start without a Pick() and account them
+  // afterwards, which saves the driver's round trip when there is nobody to be fair to.
+  // ExpressOk(): with no other tenant's work pending or in flight, this policy would dispatch
+  // every block `tenant` submits whole, in order, as soon as the device has room (no holding
+  // back, no splitting). Policies that may hold back or split a lone tenant keep the default.
+  virtual bool ExpressOk(TenantId /*tenant*/, TimePoint /*now*/) const { return false; }
+  // Accounts one block the driver dispatched whole by express, as if Submit() had queued it and
+  // Pick() had chosen it; it is in flight until Complete(). Precondition: ExpressOk() held when
+  // the driver granted express, and `block.tenant` has no block pending in this policy.
+  virtual void Express(const CommandBlock& block, TimePoint now) {
+    Submit(block, now);
+    (void)Pick(now);
+  }
 };
 
 // A policy by name with numeric parameters, as written in a scenario or daemon config.

@@ -33,6 +33,10 @@ class RrPolicy final : public Policy {
   void Tick(TimePoint) override {}
   std::optional<Dispatch> Pick(TimePoint now) override;
   size_t Pending(TenantId tenant) const override;
+  // Neither holds back nor splits: a lone tenant's blocks go out whole, in order.
+  bool ExpressOk(TenantId, TimePoint) const override { return true; }
+  // Nothing to account: the policy keeps no state for dispatched blocks.
+  void Express(const CommandBlock&, TimePoint) override {}
 
  private:
   struct Entry {

@@ -159,7 +159,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
         *d, {"socket", "socket_mode", "listen", "max_sessions", "max_bulk_bytes_per_session",
              "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
-             "worker_user", "spare_workers", "state_dir"}));
+             "worker_user", "spare_workers", "state_dir", "express_dispatch"}));
     GMUX_ASSIGN_OR_RETURN(o.handshake_timeout_s, doc.Number(*d, "handshake_timeout_s", 5.0, 0.01));
     GMUX_ASSIGN_OR_RETURN(int64_t mu, doc.Integer(*d, "max_unidentified", 64, 1, 1 << 20));
     o.max_unidentified = static_cast<uint32_t>(mu);
@@ -198,6 +198,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     if (d->get("max_bulk_bytes_per_session") != nullptr) {
       o.limits.max_bulk_bytes = o.max_bulk_bytes_per_session;
     }
+    GMUX_ASSIGN_OR_RETURN(o.express_dispatch, doc.Bool(*d, "express_dispatch", true));
     GMUX_ASSIGN_OR_RETURN(int64_t inf, doc.Integer(*d, "inflight_per_device", 32, 1, 1024));
     o.inflight_per_device = static_cast<uint32_t>(inf);
     GMUX_ASSIGN_OR_RETURN(int64_t mf, doc.Integer(*d, "max_frame_bytes",

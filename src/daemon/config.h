@@ -89,6 +89,9 @@ struct DaemonOptions {
   TenantLimits limits;                          // [limits]: every tenant's defaults
   uint64_t max_bulk_bytes_per_session = 2ull << 30;  // staged upload bytes one session may hold
   uint32_t inflight_per_device = 32;            // dispatched, unfinished commands per device
+  // A tenant alone on a device starts its commands without the scheduler's round trip
+  // (docs/policies.md, "Express dispatch"); only for policies that would not hold it back.
+  bool express_dispatch = true;
   proto::FrameLimits frame;
   BackendOptions backend;
   std::string policy = "fifo";

@@ -93,7 +93,7 @@ Result<Message> Receive(int fd, bool dont_wait) {
   Header h;
   std::memcpy(&h, buf.data(), sizeof(h));
   if (h.type < static_cast<uint32_t>(Type::kWorkerUp) ||
-      h.type > static_cast<uint32_t>(Type::kLimits)) {
+      h.type > static_cast<uint32_t>(Type::kLast)) {
     return fail("unknown message type");
   }
   out.type = static_cast<Type>(h.type);

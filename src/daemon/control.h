@@ -15,6 +15,14 @@
 //                      kRelease     run this command, or this chunk of it, now
 //                      kStatsReply  the scheduler's JSON as this tenant may see it
 //                      kLimits      the session's new share of its tenant's limits (one record)
+//                      kExpress     express dispatch on a device granted (slots > 0) or revoked
+//   worker -> broker   kExpressEnd  a revoke taken: no express Ready follows for that grant
+//
+// Express dispatch (docs/policies.md): while a worker's tenant has had a device to itself, the
+// broker lets the worker start commands at once (up to `slots` in flight) and report them as
+// kReady records marked `express`, instead of waiting a kRelease for each. When another tenant
+// wants the device the broker revokes, holds the newcomer's work until kExpressEnd, and from then
+// on any express record from that worker is a protocol violation.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +43,9 @@ enum class Type : uint32_t {
   kStatsQuery = 6,
   kStatsReply = 7,
   kLimits = 8,
+  kExpress = 9,
+  kExpressEnd = 10,
+  kLast = kExpressEnd,  // the highest type (Receive rejects anything above)
 };
 
 struct Header {
@@ -80,7 +91,20 @@ struct Ready {
   uint32_t device = 0;
   uint8_t kind = 0;        // core::BlockKind
   uint8_t splittable = 0;  // core::Splittable
-  uint16_t reserved = 0;
+  uint8_t express = 0;     // 1: already started under an express grant (runs whole)
+  uint8_t reserved = 0;
+};
+
+struct Express {
+  uint32_t device = 0;
+  uint32_t slots = 0;  // commands the worker may have in flight on it; 0: revoked
+  uint64_t epoch = 0;  // increasing per device
+};
+
+struct ExpressEnd {
+  uint32_t device = 0;
+  uint32_t reserved = 0;
+  uint64_t epoch = 0;  // the revoked grant's
 };
 
 struct Release {

@@ -26,13 +26,23 @@ uint64_t ThreadCpuNs() {
 // How often the watchdog looks while anything is in flight.
 constexpr std::chrono::milliseconds kWatchdogTick{20};
 
+// Express is granted only on a device no other tenant sent work for or finished work on within
+// this long: tenants that take turns (closed loops with gaps between their commands) stay under
+// the policy, and the grant/revoke messages are spent only where one tenant runs alone.
+constexpr std::chrono::milliseconds kExpressQuiet{20};
+
+// How long a revoked holder may take to confirm when its tenant has no command time limit.
+constexpr std::chrono::seconds kRevokeLimit{60};
+
 }  // namespace
 
 Result<std::unique_ptr<Scheduler>> Scheduler::Create(
     const core::PolicySpec& spec, const std::vector<core::DeviceInfo>& devices,
-    uint32_t inflight_per_device, const std::map<uint32_t, core::PolicySpec>& per_device) {
+    uint32_t inflight_per_device, const std::map<uint32_t, core::PolicySpec>& per_device,
+    bool express) {
   auto s = std::unique_ptr<Scheduler>(new Scheduler());
   s->inflight_limit_ = inflight_per_device;
+  s->express_enabled_ = express;
   s->devices_.resize(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
     auto o = per_device.find(static_cast<uint32_t>(i));
@@ -94,9 +104,13 @@ void Scheduler::RemoveTenant(TenantId tenant) {
     it->second.in_policy = false;
     for (auto& d : devices_) {
       d.policy->RemoveTenant(tenant, Now());
+      std::erase_if(d.held, [&](const auto& h) { return h.first->tenant == tenant; });
       for (auto q = d.queued.begin(); q != d.queued.end();) {
         if (q->second.worker->tenant == tenant) {
           outstanding_.fetch_sub(1);
+          if (q->second.worker->queued_on[q->second.device] > 0) {
+            --q->second.worker->queued_on[q->second.device];
+          }
           q = d.queued.erase(q);
         } else {
           ++q;
@@ -114,6 +128,7 @@ void Scheduler::AddWorker(uint64_t session, TenantId tenant, int fd, pid_t pid) 
     w->tenant = tenant;
     w->fd = fd;
     w->pid = pid;
+    w->queued_on.resize(devices_.size());
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = session;
@@ -156,6 +171,19 @@ void Scheduler::OnMessage(Worker& w, const ctl::Message& m) {
     case ctl::Type::kDone:
       if (m.body.size() % sizeof(ctl::Done) != 0) return Drop(w, GoneReason::kMalformed);
       return OnDone(w, m.As<ctl::Done>());
+    case ctl::Type::kExpressEnd: {
+      if (m.body.size() % sizeof(ctl::ExpressEnd) != 0) return Drop(w, GoneReason::kMalformed);
+      for (const ctl::ExpressEnd& e : m.As<ctl::ExpressEnd>()) {
+        // Only the answer to the revoke this worker was sent.
+        if (e.device >= devices_.size()) return Drop(w, GoneReason::kMalformed);
+        DeviceState& d = devices_[e.device];
+        if (d.express != &w || !d.revoking || e.epoch != d.express_epoch) {
+          return Drop(w, GoneReason::kMalformed);
+        }
+        EndExpress(e.device);
+      }
+      return;
+    }
     case ctl::Type::kStatsQuery: {
       auto q = m.As<ctl::StatsQuery>();
       if (q.size() != 1) return Drop(w, GoneReason::kMalformed);
@@ -176,33 +204,136 @@ void Scheduler::OnMessage(Worker& w, const ctl::Message& m) {
 
 void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
   auto t = tenants_.find(w.tenant);
+  std::vector<bool> touched(devices_.size());
   for (const ctl::Ready& r : ready) {
     // A worker runs tenant code: check everything against what a real session can send.
     const bool kernel = r.kind == static_cast<uint8_t>(core::BlockKind::kKernel);
     const bool known_kind = r.kind <= static_cast<uint8_t>(core::BlockKind::kMarker);
     const bool split = r.splittable == static_cast<uint8_t>(core::Splittable::kYes);
-    if (r.device >= devices_.size() || !known_kind || r.splittable > 1 ||
+    if (r.device >= devices_.size() || !known_kind || r.splittable > 1 || r.express > 1 ||
         (split && (!kernel || r.work_groups == 0 || r.work_items % r.work_groups != 0)) ||
         w.blocks.count(r.cmd) != 0) {
       return Drop(w, GoneReason::kMalformed);
     }
-    if (t == tenants_.end() || !t->second.in_policy) continue;  // the tenant is leaving
-    core::CommandBlock b;
-    b.id = next_block_++;
-    b.tenant = w.tenant;
-    b.kind = static_cast<core::BlockKind>(r.kind);
-    b.work_items = r.work_items;
-    b.work_groups = r.work_groups;
-    b.bytes = r.bytes;
-    b.splittable = static_cast<core::Splittable>(r.splittable);
-    b.arrival = Now();
     DeviceState& d = devices_[r.device];
-    d.queued[b.id] = Queued{&w, r.cmd, r.device, r.work_items};
-    w.blocks[r.cmd] = b.id;
-    ++t->second.commands;
-    if (kernel) t->second.total_items += r.work_items;
-    outstanding_.fetch_add(1);
-    d.policy->Submit(b, Now());
+    if (r.express != 0) {
+      // Started under a grant this worker holds (or is giving back), behind nothing of its own
+      // that still waits in the policy: anything else bypassed the scheduler.
+      if (d.express != &w || w.queued_on[r.device] != 0) return Drop(w, GoneReason::kMalformed);
+      d.last_active[w.tenant] = Now();
+      StartExpress(w, r);
+      continue;
+    }
+    if (t == tenants_.end() || !t->second.in_policy) continue;  // the tenant is leaving
+    d.last_active[w.tenant] = Now();
+    if (d.express != nullptr && d.express != &w) {
+      // Someone else's turn on an express device: take the grant back first.
+      d.held.emplace_back(&w, r);
+      if (!d.revoking) Revoke(r.device);
+      continue;
+    }
+    Submit(w, r);
+    touched[r.device] = true;
+  }
+  for (uint32_t i = 0; i < devices_.size(); ++i) {
+    if (touched[i] && !w.dead) MaybeGrant(w, i);
+  }
+}
+
+void Scheduler::Submit(Worker& w, const ctl::Ready& r) {
+  auto t = tenants_.find(w.tenant);
+  if (t == tenants_.end() || !t->second.in_policy) return;
+  core::CommandBlock b;
+  b.id = next_block_++;
+  b.tenant = w.tenant;
+  b.kind = static_cast<core::BlockKind>(r.kind);
+  b.work_items = r.work_items;
+  b.work_groups = r.work_groups;
+  b.bytes = r.bytes;
+  b.splittable = static_cast<core::Splittable>(r.splittable);
+  b.arrival = Now();
+  DeviceState& d = devices_[r.device];
+  d.queued[b.id] = Queued{&w, r.cmd, r.device, r.work_items};
+  ++w.queued_on[r.device];
+  w.blocks[r.cmd] = b.id;
+  ++t->second.commands;
+  if (b.kind == core::BlockKind::kKernel) t->second.total_items += r.work_items;
+  outstanding_.fetch_add(1);
+  d.policy->Submit(b, Now());
+}
+
+void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
+  DeviceState& d = devices_[r.device];
+  core::CommandBlock b;
+  b.id = next_block_++;
+  b.tenant = w.tenant;
+  b.kind = static_cast<core::BlockKind>(r.kind);
+  b.work_items = r.work_items;
+  b.work_groups = r.work_groups;
+  b.bytes = r.bytes;
+  b.splittable = static_cast<core::Splittable>(r.splittable);
+  b.arrival = Now();
+  d.policy->Express(b, Now());
+  Flight f;
+  f.worker = &w;
+  f.cmd = r.cmd;
+  f.block = b.id;
+  f.tenant = w.tenant;
+  f.range = {0, r.work_items};
+  f.last = true;
+  f.released = Now();
+  if (d.inflight.empty()) d.head_since = f.released;
+  d.inflight.push_back(f);
+  outstanding_.fetch_add(1);
+  ++d.dispatches;
+  ++dispatches_;
+  auto t = tenants_.find(w.tenant);
+  if (t != tenants_.end()) {
+    TenantStats& ts = t->second;
+    ++ts.commands;
+    if (b.kind == core::BlockKind::kKernel) ts.total_items += r.work_items;
+    ++ts.dispatches;
+    ++ts.express;
+    ++ts.inflight;
+  }
+}
+
+void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
+  DeviceState& d = devices_[device];
+  if (!express_enabled_ || d.express != nullptr || !d.held.empty()) return;
+  const TimePoint now = Now();
+  for (const auto& [tenant, when] : d.last_active) {
+    if (tenant != w.tenant && now - when < kExpressQuiet) return;
+  }
+  for (const Flight& f : d.inflight) {
+    if (f.worker != &w) return;
+  }
+  for (const auto& [id, other] : workers_) {
+    if (other.get() != &w && !other->dead && other->queued_on[device] != 0) return;
+  }
+  if (!d.policy->ExpressOk(w.tenant, now)) return;
+  d.express = &w;
+  d.revoking = false;
+  ++d.express_epoch;
+  w.express_out.push_back({device, inflight_limit_, d.express_epoch});
+}
+
+void Scheduler::Revoke(uint32_t device) {
+  DeviceState& d = devices_[device];
+  if (d.express == nullptr || d.revoking) return;
+  d.revoking = true;
+  d.revoke_since = Now();
+  d.express->express_out.push_back({device, 0, d.express_epoch});
+}
+
+void Scheduler::EndExpress(uint32_t device) {
+  DeviceState& d = devices_[device];
+  d.express = nullptr;
+  d.revoking = false;
+  std::vector<std::pair<Worker*, ctl::Ready>> held = std::move(d.held);
+  d.held.clear();
+  for (auto& [w, r] : held) {
+    if (!w->dead) Submit(*w, r);
   }
 }
 
@@ -218,6 +349,7 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
       if (it == d.inflight.end()) continue;
       found = true;
       Flight f = *it;
+      d.last_active[f.tenant] = now;
       const bool head = it == d.inflight.begin();
       d.inflight.erase(it);
       if (head) d.head_since = now;
@@ -250,7 +382,10 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
   w.fd = -1;
   w.out.clear();
   const TimePoint now = Now();
-  for (auto& d : devices_) {
+  for (uint32_t di = 0; di < devices_.size(); ++di) {
+    DeviceState& d = devices_[di];
+    std::erase_if(d.held, [&](const auto& h) { return h.first == &w; });
+    if (d.express == &w) EndExpress(di);
     for (auto q = d.queued.begin(); q != d.queued.end();) {
       if (q->second.worker == &w) {
         outstanding_.fetch_sub(1);
@@ -275,6 +410,7 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
       if (f.last) outstanding_.fetch_sub(1);
     }
   }
+  std::fill(w.queued_on.begin(), w.queued_on.end(), 0);
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end() && t->second.sessions > 0) --t->second.sessions;
   if (on_worker_gone_) on_worker_gone_(w.session, w.pid, why);
@@ -283,6 +419,22 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
 void Scheduler::Watchdog() {
   const TimePoint now = Now();
   for (auto& d : devices_) {
+    if (d.express != nullptr && d.revoking) {
+      Worker& h = *d.express;
+      auto t = tenants_.find(h.tenant);
+      const Duration limit = t != tenants_.end() && t->second.command_time_limit.count() > 0
+                                 ? t->second.command_time_limit
+                                 : std::chrono::duration_cast<Duration>(kRevokeLimit);
+      if (now - d.revoke_since > limit) {
+        std::fprintf(stderr,
+                     "gmuxd: watchdog: session %llu (worker pid %d) did not give back express "
+                     "dispatch within %.1f s; ending its session\n",
+                     static_cast<unsigned long long>(h.session), static_cast<int>(h.pid),
+                     ToSeconds(limit));
+        if (t != tenants_.end()) ++t->second.watchdog_kills;
+        Drop(h, GoneReason::kWatchdog);
+      }
+    }
     if (d.inflight.empty()) continue;
     const Flight& f = d.inflight.front();
     auto t = tenants_.find(f.tenant);
@@ -333,6 +485,7 @@ void Scheduler::Pump() {
       q.worker->out.push_back(r);
       if (pick->last) {
         q.worker->blocks.erase(q.cmd);
+        if (q.worker->queued_on[di] > 0) --q.worker->queued_on[di];
         d.queued.erase(it);
       }
       ++d.dispatches;
@@ -348,6 +501,15 @@ void Scheduler::Pump() {
 
 void Scheduler::SendReleases() {
   for (auto& [id, w] : workers_) {
+    if (!w->dead && !w->express_out.empty()) {
+      size_t sent = 0;
+      gmux::Status s = ctl::Send(w->fd, ctl::Type::kExpress, w->express_out.data(),
+                                 sizeof(ctl::Express), w->express_out.size(), -1,
+                                 /*dont_wait=*/true, &sent);
+      w->express_out.erase(w->express_out.begin(),
+                           w->express_out.begin() + static_cast<ptrdiff_t>(sent));
+      if (!s.ok() && s.code() != StatusCode::kResourceExhausted) Drop(*w, GoneReason::kClosed);
+    }
     if (w->dead || w->out.empty()) continue;
     size_t sent = 0;
     gmux::Status s = ctl::Send(w->fd, ctl::Type::kRelease, w->out.data(), sizeof(ctl::Release),
@@ -366,13 +528,15 @@ void Scheduler::Loop() {
     std::optional<TimePoint> next;
     for (auto& d : devices_) {
       if (auto t = d.policy->NextTimer()) next = next ? std::min(*next, *t) : *t;
-      if (!d.inflight.empty()) {
+      if (!d.inflight.empty() || d.revoking) {
         TimePoint w = Now() + kWatchdogTick;
         next = next ? std::min(*next, w) : w;
       }
     }
     bool pending_out = false;
-    for (auto& [id, w] : workers_) pending_out = pending_out || !w->out.empty();
+    for (auto& [id, w] : workers_) {
+      pending_out = pending_out || !w->out.empty() || !w->express_out.empty();
+    }
     if (pending_out) next = Now() + std::chrono::milliseconds(1);
     if (next) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Now()).count();
@@ -438,6 +602,9 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                         {"policy", std::string(d.policy->name())},
                         {"inflight", d.inflight.size()},
                         {"queued_commands", d.queued.size()},
+                        {"express_session", d.express != nullptr ? json(d.express->session)
+                                                                 : json(nullptr)},
+                        {"held_commands", d.held.size()},
                         {"dispatches", d.dispatches}});
   }
   j["devices"] = devs;
@@ -461,6 +628,7 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
            {"commands", t.commands},
            {"completed_commands", t.completed},
            {"dispatches", t.dispatches},
+           {"express_dispatches", t.express},
            {"inflight", t.inflight},
            {"device_time_s", t.device_time_s},
            {"sessions", t.sessions},

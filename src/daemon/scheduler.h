@@ -10,6 +10,16 @@
 // measured device time (capped by the wall time the broker saw, so a worker cannot claim more
 // than it could have used; see docs/policies.md).
 //
+// Express dispatch (docs/policies.md): when a worker sends work for a device no other tenant has
+// used for kExpressQuiet, and the device's policy says a lone tenant is never held back or split
+// (Policy::ExpressOk), the scheduler grants that worker express on the device (ctl::kExpress):
+// the worker starts its commands itself and reports them as express Ready records, which the
+// scheduler accounts with Policy::Express() and tracks in flight like any release. Work of
+// another worker for that device revokes the grant; it is held here, not given to the policy,
+// until the holder confirms (ctl::kExpressEnd), so the policy never sees two tenants' work while
+// one of them bypasses Pick(). A holder that does not confirm within its command time limit is
+// dropped like a watchdog case.
+//
 // The thread polls every worker's channel and its own mailbox's eventfd, so a release and a
 // completion each cost one wake-up. A worker that closes its channel, sends anything malformed,
 // or holds a device past its tenant's command time limit (the watchdog) is dropped: its blocks
@@ -52,7 +62,7 @@ class Scheduler {
   static Result<std::unique_ptr<Scheduler>> Create(
       const core::PolicySpec& spec, const std::vector<core::DeviceInfo>& devices,
       uint32_t inflight_per_device,
-      const std::map<uint32_t, core::PolicySpec>& per_device = {});
+      const std::map<uint32_t, core::PolicySpec>& per_device = {}, bool express = true);
   ~Scheduler();
 
   void Start(WorkerGone on_worker_gone = nullptr);
@@ -87,6 +97,8 @@ class Scheduler {
     pid_t pid = 0;
     std::unordered_map<uint64_t, BlockId> blocks;  // the worker's command id -> our block
     std::vector<ctl::Release> out;                 // releases not yet sent
+    std::vector<ctl::Express> express_out;         // grants and revokes not yet sent
+    std::vector<uint64_t> queued_on;               // per device: its blocks in the policy
     bool dead = false;
   };
   struct Queued {
@@ -110,6 +122,14 @@ class Scheduler {
     std::unordered_map<BlockId, Queued> queued;  // in the policy
     std::deque<Flight> inflight;                 // in release order
     TimePoint head_since{};                      // when the oldest dispatch became the oldest
+    // Express: the worker holding the grant (or being revoked), the grant's epoch, when the
+    // revoke was sent, and other workers' Ready records held until the holder confirms.
+    Worker* express = nullptr;
+    uint64_t express_epoch = 0;
+    bool revoking = false;
+    TimePoint revoke_since{};
+    std::vector<std::pair<Worker*, ctl::Ready>> held;
+    std::unordered_map<TenantId, TimePoint> last_active;  // last Ready or Done per tenant
   };
 
   void Loop();
@@ -118,11 +138,17 @@ class Scheduler {
   void OnMessage(Worker& w, const ctl::Message& m);
   void OnReady(Worker& w, const std::vector<ctl::Ready>& ready);
   void OnDone(Worker& w, const std::vector<ctl::Done>& done);
+  void Submit(Worker& w, const ctl::Ready& r);
+  void StartExpress(Worker& w, const ctl::Ready& r);
+  void MaybeGrant(Worker& w, uint32_t device);
+  void Revoke(uint32_t device);
+  void EndExpress(uint32_t device);  // the grant is over: the held work goes to the policy
   void Drop(Worker& w, GoneReason why);
   void Watchdog();
   void SendReleases();
 
   uint32_t inflight_limit_ = 4;
+  bool express_enabled_ = true;
   Mailbox mailbox_;
   std::thread thread_;
   WorkerGone on_worker_gone_;
@@ -140,6 +166,7 @@ class Scheduler {
     uint64_t commands = 0;            // released to a policy
     uint64_t completed = 0;           // commands whose last dispatch completed
     uint64_t dispatches = 0;          // chunks and whole commands
+    uint64_t express = 0;             // of which started by express
     uint64_t total_items = 0;         // kernel work-items submitted
     uint64_t processed_items = 0;     // kernel work-items completed
     uint64_t inflight = 0;            // dispatches on a device now

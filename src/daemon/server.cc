@@ -90,7 +90,7 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   core::PolicySpec spec{options.policy, options.policy_params, {}};
   GMUX_ASSIGN_OR_RETURN(s->scheduler_,
                         Scheduler::Create(spec, devices, options.inflight_per_device,
-                                          DevicePolicySpecs(options)));
+                                          DevicePolicySpecs(options), options.express_dispatch));
   s->root_ = ::geteuid() == 0;
   s->tcp_uid_ = ::geteuid();
   s->tcp_gid_ = ::getegid();

@@ -11,6 +11,11 @@ namespace gmux::daemon {
 WorkerQueue::WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_broker_gone)
     : ctl_fd_(ctl_fd), on_broker_gone_(std::move(on_broker_gone)) {
   mailbox_.EnableWakeFd();
+  express_.resize(devices);
+  waiting_.resize(devices);
+  running_.resize(devices);
+  express_jobs_.resize(devices);
+  backlog_.resize(devices);
   for (size_t i = 0; i < devices; ++i) {
     executors_.push_back(std::make_unique<Executor>(
         static_cast<uint32_t>(i), mailbox_,
@@ -119,6 +124,8 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
           c->event->dispatched = true;
           dispatched.push_back(c->event.get());
           ready_.erase(it);
+          --waiting_[c->device];
+          ++running_[c->device];
         }
         per_device[c->device].push_back(std::move(job));
       }
@@ -129,6 +136,9 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
       for (EventRecord* e : dispatched) Notify(e);
       break;
     }
+    case ctl::Type::kExpress:
+      for (const ctl::Express& e : m.As<ctl::Express>()) OnExpress(e);
+      break;
     case ctl::Type::kLimits: {
       auto l = m.As<ctl::Limits>();
       if (l.size() == 1 && on_limits_) on_limits_(l[0]);
@@ -154,6 +164,40 @@ void WorkerQueue::Accept(std::shared_ptr<Command> c) {
   c->block.id = next_cmd_++;
   c->event->staged = true;
   TryRelease(c);
+}
+
+ctl::Ready WorkerQueue::ReadyOf(const Command& c) {
+  ctl::Ready r;
+  r.cmd = c.block.id;
+  r.work_items = c.block.work_items;
+  r.work_groups = c.block.work_groups;
+  r.bytes = c.block.bytes;
+  r.device = c.device;
+  r.kind = static_cast<uint8_t>(c.block.kind);
+  r.splittable = static_cast<uint8_t>(c.block.splittable);
+  return r;
+}
+
+void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
+  // Started whole; the broker accounts it when the express Ready arrives (before its Done).
+  ctl::Ready r = ReadyOf(*c);
+  r.express = 1;
+  ready_out_.push_back(r);
+  Job job;
+  job.cmd = c;
+  job.range = {0, c->block.work_items};
+  c->event->dispatched = true;
+  ++running_[c->device];
+  express_jobs_[c->device].push_back(std::move(job));
+}
+
+void WorkerQueue::DrainBacklog(uint32_t dev) {
+  while (!backlog_[dev].empty() && express_[dev].slots > 0 && running_[dev] < express_[dev].slots) {
+    std::shared_ptr<Command> c = std::move(backlog_[dev].front());
+    backlog_[dev].pop_front();
+    StartExpress(c);
+    Notify(c->event.get());  // commands of other devices that waited for it to be dispatched
+  }
 }
 
 const EventRecord* WorkerQueue::Blocker(const Command& c) const {
@@ -183,16 +227,20 @@ void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
       continue;
     }
     c->event->staged = false;
-    ctl::Ready r;
-    r.cmd = c->block.id;
-    r.work_items = c->block.work_items;
-    r.work_groups = c->block.work_groups;
-    r.bytes = c->block.bytes;
-    r.device = c->device;
-    r.kind = static_cast<uint8_t>(c->block.kind);
-    r.splittable = static_cast<uint8_t>(c->block.splittable);
-    ready_out_.push_back(r);
-    ready_[c->block.id] = c;
+    const uint32_t dev = c->device;
+    ctl::Ready r = ReadyOf(*c);
+    if (dev < express_.size() && express_[dev].slots > 0 && waiting_[dev] == 0) {
+      if (running_[dev] < express_[dev].slots && backlog_[dev].empty()) {
+        StartExpress(c);
+      } else {
+        backlog_[dev].push_back(c);  // started as running ones finish
+        continue;  // not dispatched yet: what waits on it stays parked
+      }
+    } else {
+      ready_[c->block.id] = c;
+      ++waiting_[dev];
+      ready_out_.push_back(r);
+    }
     auto it = parked_.find(c->event.get());
     if (it != parked_.end()) {
       for (auto& w : it->second) work.push_back(std::move(w));
@@ -209,7 +257,7 @@ void WorkerQueue::Notify(EventRecord* ev) {
   for (auto& c : waiting) TryRelease(c);
 }
 
-void WorkerQueue::OnComplete(uint32_t, std::vector<core::Completion> done) {
+void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done) {
   std::vector<ctl::Done> out;
   out.reserve(done.size());
   for (const auto& c : done) {
@@ -220,14 +268,56 @@ void WorkerQueue::OnComplete(uint32_t, std::vector<core::Completion> done) {
     d.device_ns = static_cast<uint64_t>(std::max<int64_t>(0, c.device_time.count()));
     d.last = c.last ? 1 : 0;
     out.push_back(d);
-    if (c.last) outstanding_.fetch_sub(1);
+    if (c.last) {
+      outstanding_.fetch_sub(1);
+      if (device < running_.size() && running_[device] > 0) --running_[device];
+    }
   }
-  // Ready commands first: a completion's release must not overtake them.
-  FlushReady();
+  if (device < backlog_.size()) DrainBacklog(device);
+  // Ready commands first: a completion's release must not overtake them. Express starts wait
+  // for the loop (this may run inside the executor's delivery).
+  FlushReady(/*start=*/false);
   if (!broker_gone_) ctl::SendRecords(ctl_fd_, ctl::Type::kDone, out).IgnoreError();
 }
 
-void WorkerQueue::FlushReady() {
+void WorkerQueue::OnExpress(const ctl::Express& e) {
+  if (e.device >= express_.size()) return;
+  if (e.slots > 0) {
+    express_[e.device] = {e.epoch, e.slots};
+    return;
+  }
+  // Revoked: whatever express already let through starts and is reported before the answer, so
+  // the broker has every express record of this grant when it reads kExpressEnd; the backlog
+  // goes to the scheduler as ordinary Ready records, in order.
+  express_[e.device].slots = 0;
+  std::deque<std::shared_ptr<Command>> backlog = std::move(backlog_[e.device]);
+  backlog_[e.device].clear();
+  for (auto& c : backlog) {
+    ready_[c->block.id] = c;
+    ++waiting_[e.device];
+    ready_out_.push_back(ReadyOf(*c));
+  }
+  for (auto& c : backlog) Notify(c->event.get());  // what waited for them to be handed over
+  FlushReady();
+  ctl::ExpressEnd end;
+  end.device = e.device;
+  end.epoch = e.epoch;
+  if (!broker_gone_) ctl::Send(ctl_fd_, ctl::Type::kExpressEnd, &end, sizeof(end), 1).IgnoreError();
+}
+
+void WorkerQueue::FlushReady(bool start) {
+  // The device first: it need not wait for the report. Starting can finish commands at once
+  // (a closed session's), which starts more from the backlog: until nothing is left to start.
+  for (bool more = start; more;) {
+    more = false;
+    for (size_t d = 0; d < express_jobs_.size(); ++d) {
+      if (express_jobs_[d].empty()) continue;
+      std::vector<Job> jobs = std::move(express_jobs_[d]);
+      express_jobs_[d].clear();
+      executors_[d]->Run(std::move(jobs));
+      more = true;
+    }
+  }
   if (ready_out_.empty() || broker_gone_) return;
   ctl::SendRecords(ctl_fd_, ctl::Type::kReady, ready_out_).IgnoreError();
   ready_out_.clear();

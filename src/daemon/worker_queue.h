@@ -7,6 +7,12 @@
 // of their own) and the control channel. It polls the channel and its mailbox's eventfd, so a
 // release costs one wake-up and a completion callback another. Submit() and Rescan() post to it.
 //
+// Express dispatch (control.h, docs/policies.md): while the broker has granted this worker a
+// device, a ready command starts on the executor at once, without a ctl::Release, when nothing
+// of the session waits for a release on that device (so per-device order holds) and fewer than
+// the grant's slots are running (else it waits in the worker's backlog for one to finish); it is
+// reported as an express ctl::Ready. A revoke sends the backlog to the scheduler in order.
+//
 // Dependencies (the same rules the scheduler applied in-process before): a command is ready when
 // each event it depends on is a user event already set, or a command already handed to the
 // scheduler on the same device (the tenant's V-channel keeps order), or a command of another
@@ -16,6 +22,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <functional>
 #include <memory>
@@ -59,7 +66,13 @@ class WorkerQueue : public CommandSink {
   void Notify(EventRecord* ev);
   const EventRecord* Blocker(const Command& c) const;
   void OnComplete(uint32_t device, std::vector<core::Completion> done);
-  void FlushReady();
+  // Starts the commands express let through (unless `start` is false: inside the executor's
+  // delivery, the loop starts them next), then reports everything ready to the broker.
+  void FlushReady(bool start = true);
+  void OnExpress(const ctl::Express& e);
+  static ctl::Ready ReadyOf(const Command& c);
+  void StartExpress(const std::shared_ptr<Command>& c);
+  void DrainBacklog(uint32_t device);
 
   const int ctl_fd_;
   std::function<void()> on_broker_gone_;
@@ -75,6 +88,19 @@ class WorkerQueue : public CommandSink {
   std::unordered_map<EventRecord*, std::vector<std::shared_ptr<Command>>> parked_;
   std::unordered_map<uint64_t, std::shared_ptr<Command>> ready_;  // sent, not fully released
   std::vector<ctl::Ready> ready_out_;
+  // Per device: the express grant (slots 0: none), commands reported ready and waiting for a
+  // release, commands started and not finished, and express starts not yet handed to the
+  // executor.
+  struct Grant {
+    uint64_t epoch = 0;
+    uint32_t slots = 0;
+  };
+  std::vector<Grant> express_;
+  std::vector<uint64_t> waiting_;
+  std::vector<uint64_t> running_;
+  std::vector<std::vector<Job>> express_jobs_;
+  // Per device, under a grant: ready commands waiting for a running one to finish (in order).
+  std::vector<std::deque<std::shared_ptr<Command>>> backlog_;
   bool broker_gone_ = false;
 
   // Stats answers from the broker, by query sequence.

@@ -67,6 +67,19 @@ worker_memory_bytes = 536870912
   EXPECT_NE(files.status().message().find("worker_open_files"), std::string::npos);
 }
 
+TEST(DaemonConfigTest, ExpressDispatchIsOnUnlessTurnedOff) {
+  auto none = ParseDaemonConfig("", "g.toml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->express_dispatch);
+  auto off = ParseDaemonConfig("[daemon]\nexpress_dispatch = false\n", "g.toml");
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_FALSE(off->express_dispatch);
+  auto bad = ParseDaemonConfig("[daemon]\nexpress_dispatch = 1\n", "g.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("express_dispatch"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(DaemonConfigTest, ErrorsNameFileLineAndKey) {
   auto o = ParseDaemonConfig("[daemon]\n\ninflight_per_device = 0\n", "conf/gmux.toml");
   ASSERT_FALSE(o.ok());

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -165,6 +166,14 @@ class SplitSchedTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     ASSERT_EQ(s.Outstanding(), 0u) << "commands did not finish";
+  }
+
+  // Waits (up to 10 s) for `done`: a command stops counting as outstanding when the scheduler
+  // hears of its completion, just before its `finished` callback runs on the worker's thread.
+  static void WaitUntil(const std::function<bool()>& done) {
+    for (int i = 0; i < 10000 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   static nlohmann::json TenantStatus(testing::LocalScheduler& s, TenantId id) {
@@ -388,6 +397,10 @@ TEST_F(SplitSchedTest, EachTenantsOrderIsKeptUnderEveryPolicy) {
     }
     s->Submit(cmds);
     Drain(*s);
+    WaitUntil([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      return finished.size() == cmds.size();
+    });
     // The device's int arithmetic wraps; the host's expectation wraps the same way, unsigned.
     uint32_t ea = 1, eb = 1;
     std::vector<int> order_a, order_b, want_a, want_b;
@@ -451,6 +464,7 @@ TEST_F(SplitSchedTest, UserEventDependencyHoldsACommandWhileOthersRun) {
   gate->Complete(CL_COMPLETE);
   s->Rescan(gate);
   Drain(*s);
+  WaitUntil([&] { return b_done_when_a_ran.load() >= 0; });
   EXPECT_EQ(b_done_when_a_ran.load(), 10);
   EXPECT_EQ(Read<int>(acc_a, 1)[0], 1 * 3 + 5);
 }
@@ -493,6 +507,10 @@ TEST_F(SplitSchedTest, CreditWeightsShareTheDeviceOverManyDispatches) {
   }
   s->Submit(cmds);
   Drain(*s);
+  WaitUntil([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return done.size() == 400u;
+  });
   std::lock_guard<std::mutex> lock(mu);  // filled by callbacks on the workers' threads
   ASSERT_EQ(done.size(), 400u);
   int heavy = 0, light = 0;

@@ -1115,6 +1115,44 @@ TEST_F(IsolationTest, StatusShowsOtherTenantsOnlyToAdmins) {
   ExpectGoodTenant(142, 5, 60s, "after the status requests");
 }
 
+// ---- express dispatch: a lone tenant skips the scheduler, others still share fairly ----
+
+// The express dispatches of tenant `name` in a `gmux status --json` document (-1: not listed).
+int64_t ExpressDispatches(const json& j, const std::string& name) {
+  if (!j.contains("tenants")) return -1;
+  for (const auto& t : j["tenants"]) {
+    if (t.value("name", "") == name) return t.value("express_dispatches", int64_t{0});
+  }
+  return -1;
+}
+
+TEST_F(IsolationTest, ALoneTenantRunsByExpressAndTenantsTogetherStillGetCorrectResults) {
+  if (!RunningAsRoot()) GTEST_SKIP() << "needs root: tenants are uids";
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(""));
+  // Alone: after its first command, its launches start without the scheduler's round trip.
+  ExpectGoodTenant(150, 200, 90s, "alone");
+  json alone = json::parse(StatusJson(daemon_, -1), nullptr, false);
+  ASSERT_FALSE(alone.is_discarded());
+  EXPECT_GE(ExpressDispatches(alone, UidTenantName(150)), 100) << alone.dump(1);
+  // Three at once, each a closed loop whose every result is checked: grants are revoked and
+  // the policy shares the device again, with nobody's command lost or run twice.
+  std::vector<Child> together;
+  for (int uid : {151, 152, 153}) {
+    together.push_back(Spawn(uid, 150, [](Channel&) { return GoodTenant(300); }));
+  }
+  for (Child& c : together) {
+    Outcome o = c.Wait(145s);
+    EXPECT_TRUE(o.ok()) << "a tenant among three: " << o.Describe();
+  }
+  ExpectAlive("after express grants and revokes");
+  json after = json::parse(StatusJson(daemon_, -1), nullptr, false);
+  ASSERT_FALSE(after.is_discarded());
+  for (const auto& d : after["devices"]) {
+    EXPECT_EQ(d.value("held_commands", size_t{1}), 0u) << after.dump(1);
+    EXPECT_EQ(d.value("inflight", size_t{1}), 0u) << after.dump(1);
+  }
+}
+
 // ---- worker resource limits from the config ----
 
 // Allocates and fills 64 MiB buffers until a call fails or 1.5 GiB are held. Exit 0: a call

@@ -1,0 +1,272 @@
+// Express dispatch across the broker's control channel (control.h, scheduler.h): the broker
+// grants a lone worker, revokes when another tenant's worker has work, holds that work until the
+// holder confirms, and drops a worker that claims express it was not given. The workers here are
+// raw control channels, as a hostile worker process would use them.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon/control.h"
+#include "daemon/scheduler.h"
+
+namespace gmux::daemon {
+namespace {
+
+// A worker's end of the control channel.
+struct FakeWorker {
+  int fd = -1;
+  ~FakeWorker() {
+    if (fd >= 0) ::close(fd);
+  }
+  void Ready(uint64_t cmd, bool express = false) {
+    ctl::Ready r;
+    r.cmd = cmd;
+    r.work_items = 1;
+    r.work_groups = 1;
+    r.express = express ? 1 : 0;
+    ASSERT_TRUE(ctl::Send(fd, ctl::Type::kReady, &r, sizeof(r), 1).ok());
+  }
+  void Done(uint64_t cmd) {
+    ctl::Done d;
+    d.cmd = cmd;
+    d.begin = 0;
+    d.end = 1;
+    d.device_ns = 1000;
+    ASSERT_TRUE(ctl::Send(fd, ctl::Type::kDone, &d, sizeof(d), 1).ok());
+  }
+  void End(uint64_t epoch) {
+    ctl::ExpressEnd e;
+    e.epoch = epoch;
+    ASSERT_TRUE(ctl::Send(fd, ctl::Type::kExpressEnd, &e, sizeof(e), 1).ok());
+  }
+  // The next message within `ms`, or nullopt (nothing came, or the channel closed: `closed`).
+  std::optional<ctl::Message> Next(int ms = 2000, bool* closed = nullptr) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, ms) <= 0) return std::nullopt;
+    auto m = ctl::Receive(fd);
+    if (!m.ok()) {
+      if (closed != nullptr) *closed = true;
+      return std::nullopt;
+    }
+    return *m;
+  }
+  // Waits for a message of `type`, skipping others (kLimits and the like).
+  std::optional<ctl::Message> Expect(ctl::Type type, int ms = 2000) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < until) {
+      auto m = Next(50);
+      if (m && m->type == type) return m;
+    }
+    return std::nullopt;
+  }
+  bool ClosedWithin(int ms) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < until) {
+      bool closed = false;
+      Next(50, &closed);
+      if (closed) return true;
+    }
+    return false;
+  }
+};
+
+class ExpressTest : public ::testing::Test {
+ protected:
+  void SetUpScheduler(bool express = true, const std::string& policy = "fifo") {
+    auto s = Scheduler::Create({policy, {}, {}}, {core::DeviceInfo{}}, 4, {}, express);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    sched_ = std::move(*s);
+    sched_->Start([this](uint64_t session, pid_t, Scheduler::GoneReason why) {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_[session] = why;
+    });
+  }
+  void TearDown() override {
+    if (sched_) sched_->Stop();
+  }
+  std::unique_ptr<FakeWorker> AddWorker(uint64_t session, TenantId tenant) {
+    sched_->AddTenant(tenant, 1.0, "t" + std::to_string(tenant));
+    int fds[2];
+    EXPECT_TRUE(ctl::Pair(fds).ok());
+    sched_->AddWorker(session, tenant, fds[0], 0);
+    auto w = std::make_unique<FakeWorker>();
+    w->fd = fds[1];
+    return w;
+  }
+  // How session `session`'s worker was dropped (waits up to `ms` for the scheduler to say).
+  std::optional<Scheduler::GoneReason> Gone(uint64_t session, int ms = 2000) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = gone_.find(session);
+        if (it != gone_.end()) return it->second;
+      }
+      if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  nlohmann::json Status() { return nlohmann::json::parse(sched_->Status()); }
+
+  std::unique_ptr<Scheduler> sched_;
+  std::mutex mu_;
+  std::map<uint64_t, Scheduler::GoneReason> gone_;
+};
+
+TEST_F(ExpressTest, ALoneWorkerIsGrantedAndItsExpressCommandsAreAccounted) {
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  a->Ready(1);
+  auto grant = a->Expect(ctl::Type::kExpress);
+  ASSERT_TRUE(grant.has_value()) << "no grant for the only tenant";
+  auto g = grant->As<ctl::Express>();
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].device, 0u);
+  EXPECT_EQ(g[0].slots, 4u) << "the grant's slots are the device's in-flight limit";
+  ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  a->Done(1);
+  for (uint64_t cmd = 2; cmd <= 5; ++cmd) {
+    a->Ready(cmd, /*express=*/true);
+    a->Done(cmd);
+  }
+  nlohmann::json st;
+  for (int i = 0; i < 100; ++i) {
+    st = Status();
+    if (st["tenants"][0]["completed_commands"] == 5) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(st["tenants"][0]["completed_commands"], 5);
+  EXPECT_EQ(st["tenants"][0]["express_dispatches"], 4);
+  EXPECT_EQ(st["devices"][0]["express_session"], 1);
+  EXPECT_FALSE(Gone(1, 0).has_value());
+}
+
+TEST_F(ExpressTest, ExpressWithoutAGrantEndsTheWorker) {
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  a->Ready(1, /*express=*/true);
+  EXPECT_TRUE(a->ClosedWithin(2000));
+  EXPECT_EQ(Gone(1), Scheduler::GoneReason::kMalformed);
+}
+
+TEST_F(ExpressTest, DisabledMeansNoGrant) {
+  SetUpScheduler(/*express=*/false);
+  auto a = AddWorker(1, 1);
+  a->Ready(1);
+  auto m = a->Next();
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->type, ctl::Type::kRelease) << "the first thing a worker hears is its release";
+  EXPECT_FALSE(a->Expect(ctl::Type::kExpress, 200).has_value());
+}
+
+TEST_F(ExpressTest, PoliciesThatHoldBackOrSplitNeverGrant) {
+  SetUpScheduler(/*express=*/true, "split");
+  auto a = AddWorker(1, 1);
+  a->Ready(1);
+  ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  EXPECT_FALSE(a->Expect(ctl::Type::kExpress, 200).has_value());
+}
+
+TEST_F(ExpressTest, AnotherTenantRevokesAndWaitsForTheHolderToConfirm) {
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  a->Ready(1);
+  auto grant = a->Expect(ctl::Type::kExpress);
+  ASSERT_TRUE(grant.has_value());
+  const uint64_t epoch = grant->As<ctl::Express>()[0].epoch;
+  ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  a->Done(1);
+  a->Ready(2, /*express=*/true);  // running when the other tenant arrives
+
+  auto b = AddWorker(2, 2);
+  b->Ready(1);
+  auto revoke = a->Expect(ctl::Type::kExpress);
+  ASSERT_TRUE(revoke.has_value()) << "the holder was not told to give express back";
+  EXPECT_EQ(revoke->As<ctl::Express>()[0].slots, 0u);
+  EXPECT_EQ(revoke->As<ctl::Express>()[0].epoch, epoch);
+  // B's work waits while A may still be starting commands of its own.
+  EXPECT_FALSE(b->Expect(ctl::Type::kRelease, 200).has_value()) << "released before the revoke";
+  a->Ready(3, /*express=*/true);  // started before A read the revoke: still A's to report
+  a->End(epoch);
+  EXPECT_TRUE(b->Expect(ctl::Type::kRelease).has_value()) << "held work not released after";
+  a->Done(2);
+  a->Done(3);
+  // Express is over for A: claiming it now bypasses the scheduler.
+  a->Ready(4, /*express=*/true);
+  EXPECT_TRUE(a->ClosedWithin(2000));
+  EXPECT_EQ(Gone(1), Scheduler::GoneReason::kMalformed);
+  EXPECT_FALSE(Gone(2, 0).has_value());
+}
+
+TEST_F(ExpressTest, AConfirmationForAnotherGrantEndsTheWorker) {
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  a->Ready(1);
+  auto grant = a->Expect(ctl::Type::kExpress);
+  ASSERT_TRUE(grant.has_value());
+  a->End(grant->As<ctl::Express>()[0].epoch + 7);
+  EXPECT_TRUE(a->ClosedWithin(2000));
+  EXPECT_EQ(Gone(1), Scheduler::GoneReason::kMalformed);
+}
+
+TEST_F(ExpressTest, AHolderThatDiesReleasesTheHeldWork) {
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  a->Ready(1);
+  ASSERT_TRUE(a->Expect(ctl::Type::kExpress).has_value());
+  auto b = AddWorker(2, 2);
+  b->Ready(1);
+  ASSERT_TRUE(a->Expect(ctl::Type::kExpress).has_value());  // the revoke
+  ::close(a->fd);  // dies instead of confirming
+  a->fd = -1;
+  EXPECT_TRUE(b->Expect(ctl::Type::kRelease).has_value());
+}
+
+TEST_F(ExpressTest, TenantsThatTakeTurnsAreNotGranted) {
+  // Two tenants alternating within the quiet window stay under the policy: no grant messages.
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  auto b = AddWorker(2, 2);
+  b->Ready(100);  // alone so far: granted
+  auto grant = b->Expect(ctl::Type::kExpress);
+  ASSERT_TRUE(grant.has_value());
+  ASSERT_TRUE(b->Expect(ctl::Type::kRelease).has_value());
+  b->Done(100);
+  a->Ready(1);  // revokes b's grant
+  auto revoke = b->Expect(ctl::Type::kExpress);
+  ASSERT_TRUE(revoke.has_value());
+  ASSERT_EQ(revoke->As<ctl::Express>()[0].slots, 0u);
+  b->End(revoke->As<ctl::Express>()[0].epoch);
+  int grants = 0;
+  auto serve = [&](FakeWorker& w, uint64_t cmd) {
+    for (;;) {
+      auto m = w.Next(2000);
+      ASSERT_TRUE(m.has_value()) << "no release for command " << cmd;
+      if (m->type == ctl::Type::kRelease) break;
+      if (m->type == ctl::Type::kExpress) ++grants;
+    }
+    w.Done(cmd);
+  };
+  serve(*a, 1);
+  for (uint64_t i = 1; i <= 20; ++i) {
+    b->Ready(100 + i);
+    serve(*b, 100 + i);
+    a->Ready(1 + i);
+    serve(*a, 1 + i);
+  }
+  EXPECT_EQ(grants, 0) << "express granted while the other tenant was active";
+  EXPECT_FALSE(Gone(1, 0).has_value());
+  EXPECT_FALSE(Gone(2, 0).has_value());
+}
+
+}  // namespace
+}  // namespace gmux::daemon
