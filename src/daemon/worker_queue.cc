@@ -2,11 +2,20 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <future>
 
 namespace gmux::daemon {
+
+namespace {
+
+// The longest an express start goes unreported while its command runs (the broker's watchdog
+// and `gmux status` see it in flight from then on).
+constexpr std::chrono::milliseconds kExpressReportDelay{2};
+
+}  // namespace
 
 WorkerQueue::WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_broker_gone)
     : ctl_fd_(ctl_fd), on_broker_gone_(std::move(on_broker_gone)) {
@@ -78,7 +87,15 @@ void WorkerQueue::Loop() {
   const int wake = mailbox_.EnableWakeFd();
   while (!stop_) {
     pollfd fds[2] = {{wake, POLLIN, 0}, {ctl_fd_, POLLIN, 0}};
-    int n = ::poll(fds, broker_gone_ ? 1 : 2, -1);
+    // Express starts not yet reported go out by kExpressReportDelay at the latest.
+    int timeout_ms = -1;
+    if (!express_unreported_.empty()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      express_oldest_ + kExpressReportDelay - std::chrono::steady_clock::now())
+                      .count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
+    }
+    int n = ::poll(fds, broker_gone_ ? 1 : 2, timeout_ms);
     if (n < 0) continue;
     if (!broker_gone_ && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       // Everything the broker sent so far, then the local work it caused.
@@ -131,6 +148,7 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
       }
       for (size_t d = 0; d < per_device.size(); ++d) {
         if (!per_device[d].empty()) executors_[d]->Run(std::move(per_device[d]));
+        DrainBacklog(static_cast<uint32_t>(d));  // the last release may let the backlog go
       }
       // Commands of other devices that waited for these to be dispatched.
       for (EventRecord* e : dispatched) Notify(e);
@@ -182,7 +200,8 @@ void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
   // Started whole; the broker accounts it when the express Ready arrives (before its Done).
   ctl::Ready r = ReadyOf(*c);
   r.express = 1;
-  ready_out_.push_back(r);
+  if (express_unreported_.empty()) express_oldest_ = std::chrono::steady_clock::now();
+  express_unreported_.push_back(r);
   Job job;
   job.cmd = c;
   job.range = {0, c->block.work_items};
@@ -192,7 +211,11 @@ void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
 }
 
 void WorkerQueue::DrainBacklog(uint32_t dev) {
-  while (!backlog_[dev].empty() && express_[dev].slots > 0 && running_[dev] < express_[dev].slots) {
+  // In batches: refilled once half the slots are free, so the executor gets many commands per
+  // flush and completion callback instead of one per finished command.
+  if (running_[dev] > express_[dev].slots / 2) return;
+  while (!backlog_[dev].empty() && express_[dev].slots > 0 && waiting_[dev] == 0 &&
+         running_[dev] < express_[dev].slots) {
     std::shared_ptr<Command> c = std::move(backlog_[dev].front());
     backlog_[dev].pop_front();
     StartExpress(c);
@@ -229,11 +252,12 @@ void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
     c->event->staged = false;
     const uint32_t dev = c->device;
     ctl::Ready r = ReadyOf(*c);
-    if (dev < express_.size() && express_[dev].slots > 0 && waiting_[dev] == 0) {
-      if (running_[dev] < express_[dev].slots && backlog_[dev].empty()) {
+    if (dev < express_.size() && express_[dev].slots > 0) {
+      if (waiting_[dev] == 0 && running_[dev] < express_[dev].slots && backlog_[dev].empty()) {
         StartExpress(c);
       } else {
-        backlog_[dev].push_back(c);  // started as running ones finish
+        // Started once the commands before it were released and a slot is free.
+        backlog_[dev].push_back(c);
         continue;  // not dispatched yet: what waits on it stays parked
       }
     } else {
@@ -258,8 +282,7 @@ void WorkerQueue::Notify(EventRecord* ev) {
 }
 
 void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done) {
-  std::vector<ctl::Done> out;
-  out.reserve(done.size());
+  std::vector<ctl::Done>& out = done_out_;
   for (const auto& c : done) {
     ctl::Done d;
     d.cmd = c.block;
@@ -274,10 +297,8 @@ void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done
     }
   }
   if (device < backlog_.size()) DrainBacklog(device);
-  // Ready commands first: a completion's release must not overtake them. Express starts wait
-  // for the loop (this may run inside the executor's delivery).
-  FlushReady(/*start=*/false);
-  if (!broker_gone_) ctl::SendRecords(ctl_fd_, ctl::Type::kDone, out).IgnoreError();
+  // Reported when the loop has finished this round, after the executor has delivered the
+  // results to the client: the broker's accounting is not on the client's critical path.
 }
 
 void WorkerQueue::OnExpress(const ctl::Express& e) {
@@ -298,17 +319,17 @@ void WorkerQueue::OnExpress(const ctl::Express& e) {
     ready_out_.push_back(ReadyOf(*c));
   }
   for (auto& c : backlog) Notify(c->event.get());  // what waited for them to be handed over
-  FlushReady();
+  FlushReady(/*force_report=*/true);
   ctl::ExpressEnd end;
   end.device = e.device;
   end.epoch = e.epoch;
   if (!broker_gone_) ctl::Send(ctl_fd_, ctl::Type::kExpressEnd, &end, sizeof(end), 1).IgnoreError();
 }
 
-void WorkerQueue::FlushReady(bool start) {
+void WorkerQueue::FlushReady(bool force_report) {
   // The device first: it need not wait for the report. Starting can finish commands at once
   // (a closed session's), which starts more from the backlog: until nothing is left to start.
-  for (bool more = start; more;) {
+  for (bool more = true; more;) {
     more = false;
     for (size_t d = 0; d < express_jobs_.size(); ++d) {
       if (express_jobs_[d].empty()) continue;
@@ -318,9 +339,25 @@ void WorkerQueue::FlushReady(bool start) {
       more = true;
     }
   }
-  if (ready_out_.empty() || broker_gone_) return;
-  ctl::SendRecords(ctl_fd_, ctl::Type::kReady, ready_out_).IgnoreError();
+  if (broker_gone_) {
+    ready_out_.clear();
+    done_out_.clear();
+    express_unreported_.clear();
+    return;
+  }
+  // Express starts are reported together with the first completion after them (one wake-up of
+  // the broker per command instead of two), or after kExpressReportDelay, or at a revoke; always
+  // before any Done, so the broker never hears of a command's end before its start.
+  if (!express_unreported_.empty() &&
+      (!done_out_.empty() || force_report ||
+       std::chrono::steady_clock::now() - express_oldest_ >= kExpressReportDelay)) {
+    ready_out_.insert(ready_out_.begin(), express_unreported_.begin(), express_unreported_.end());
+    express_unreported_.clear();
+  }
+  if (!ready_out_.empty()) ctl::SendRecords(ctl_fd_, ctl::Type::kReady, ready_out_).IgnoreError();
   ready_out_.clear();
+  if (!done_out_.empty()) ctl::SendRecords(ctl_fd_, ctl::Type::kDone, done_out_).IgnoreError();
+  done_out_.clear();
 }
 
 }  // namespace gmux::daemon

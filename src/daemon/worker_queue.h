@@ -10,8 +10,8 @@
 // Express dispatch (control.h, docs/policies.md): while the broker has granted this worker a
 // device, a ready command starts on the executor at once, without a ctl::Release, when nothing
 // of the session waits for a release on that device (so per-device order holds) and fewer than
-// the grant's slots are running (else it waits in the worker's backlog for one to finish); it is
-// reported as an express ctl::Ready. A revoke sends the backlog to the scheduler in order.
+// the grant's slots are running; otherwise it waits in the worker's backlog until both hold. It
+// is reported as an express ctl::Ready. A revoke sends the backlog to the scheduler in order.
 //
 // Dependencies (the same rules the scheduler applied in-process before): a command is ready when
 // each event it depends on is a user event already set, or a command already handed to the
@@ -66,9 +66,10 @@ class WorkerQueue : public CommandSink {
   void Notify(EventRecord* ev);
   const EventRecord* Blocker(const Command& c) const;
   void OnComplete(uint32_t device, std::vector<core::Completion> done);
-  // Starts the commands express let through (unless `start` is false: inside the executor's
-  // delivery, the loop starts them next), then reports everything ready to the broker.
-  void FlushReady(bool start = true);
+  // Starts the commands express let through, then reports what became ready and what finished
+  // to the broker (in that order). Called by the loop at the end of each round.
+  // `force_report`: express starts too, however recent (a revoke's answer follows).
+  void FlushReady(bool force_report = false);
   void OnExpress(const ctl::Express& e);
   static ctl::Ready ReadyOf(const Command& c);
   void StartExpress(const std::shared_ptr<Command>& c);
@@ -88,6 +89,10 @@ class WorkerQueue : public CommandSink {
   std::unordered_map<EventRecord*, std::vector<std::shared_ptr<Command>>> parked_;
   std::unordered_map<uint64_t, std::shared_ptr<Command>> ready_;  // sent, not fully released
   std::vector<ctl::Ready> ready_out_;
+  std::vector<ctl::Done> done_out_;  // completions to report at the end of the loop's round
+  // Express starts not reported yet, and when the oldest of them started.
+  std::vector<ctl::Ready> express_unreported_;
+  std::chrono::steady_clock::time_point express_oldest_{};
   // Per device: the express grant (slots 0: none), commands reported ready and waiting for a
   // release, commands started and not finished, and express starts not yet handed to the
   // executor.
