@@ -602,8 +602,11 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                         {"policy", std::string(d.policy->name())},
                         {"inflight", d.inflight.size()},
                         {"queued_commands", d.queued.size()},
-                        {"express_session", d.express != nullptr ? json(d.express->session)
-                                                                 : json(nullptr)},
+                        // A tenant sees which session holds express only when it is its own.
+                        {"express_session",
+                         d.express != nullptr && (!only || d.express->tenant == *only)
+                             ? json(d.express->session)
+                             : json(nullptr)},
                         {"held_commands", d.held.size()},
                         {"dispatches", d.dispatches}});
   }

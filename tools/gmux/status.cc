@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <string>
 
 #include <CL/cl.h>
 #include <nlohmann/json.hpp>
@@ -107,11 +108,16 @@ int RunStatus(const std::string& socket, bool json) {
     return 0;
   }
   for (const auto& d : j.value("devices", nlohmann::json::array())) {
-    std::printf("device %d: policy %s, %d in flight (limit %d), %d queued, %llu dispatches\n",
+    std::string express;
+    if (d.contains("express_session") && d["express_session"].is_number()) {
+      express = ", express: session " + std::to_string(d["express_session"].get<uint64_t>());
+    }
+    std::printf("device %d: policy %s, %d in flight (limit %d), %d queued, %llu dispatches%s\n",
                 d.value("index", 0), d.value("policy", std::string("?")).c_str(),
                 d.value("inflight", 0), j.value("inflight_per_device", 0),
                 d.value("queued_commands", 0),
-                static_cast<unsigned long long>(d.value("dispatches", uint64_t{0})));
+                static_cast<unsigned long long>(d.value("dispatches", uint64_t{0})),
+                express.c_str());
   }
   std::printf("active tenants: %d\n", j.value("active_tenants", 0));
   std::printf("%-16s %7s %12s %12s %12s %9s %10s %10s %9s\n", "tenant", "weight", "total_items",
