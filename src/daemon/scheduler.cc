@@ -220,6 +220,8 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
       // Started under a grant this worker holds (or is giving back), behind nothing of its own
       // that still waits in the policy: anything else bypassed the scheduler.
       if (d.express != &w || w.queued_on[r.device] != 0) return Drop(w, GoneReason::kMalformed);
+      // (A holder's tenant leaves the policies only after its last worker is gone.)
+      if (t == tenants_.end() || !t->second.in_policy) return Drop(w, GoneReason::kClosed);
       d.last_active[w.tenant] = Now();
       StartExpress(w, r);
       continue;
@@ -240,9 +242,7 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
   }
 }
 
-void Scheduler::Submit(Worker& w, const ctl::Ready& r) {
-  auto t = tenants_.find(w.tenant);
-  if (t == tenants_.end() || !t->second.in_policy) return;
+core::CommandBlock Scheduler::NewBlock(const Worker& w, const ctl::Ready& r) {
   core::CommandBlock b;
   b.id = next_block_++;
   b.tenant = w.tenant;
@@ -252,27 +252,29 @@ void Scheduler::Submit(Worker& w, const ctl::Ready& r) {
   b.bytes = r.bytes;
   b.splittable = static_cast<core::Splittable>(r.splittable);
   b.arrival = Now();
+  outstanding_.fetch_add(1);
+  auto t = tenants_.find(w.tenant);
+  if (t != tenants_.end()) {
+    ++t->second.commands;
+    if (b.kind == core::BlockKind::kKernel) t->second.total_items += r.work_items;
+  }
+  return b;
+}
+
+void Scheduler::Submit(Worker& w, const ctl::Ready& r) {
+  auto t = tenants_.find(w.tenant);
+  if (t == tenants_.end() || !t->second.in_policy) return;
+  core::CommandBlock b = NewBlock(w, r);
   DeviceState& d = devices_[r.device];
   d.queued[b.id] = Queued{&w, r.cmd, r.device, r.work_items};
   ++w.queued_on[r.device];
   w.blocks[r.cmd] = b.id;
-  ++t->second.commands;
-  if (b.kind == core::BlockKind::kKernel) t->second.total_items += r.work_items;
-  outstanding_.fetch_add(1);
   d.policy->Submit(b, Now());
 }
 
 void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
   DeviceState& d = devices_[r.device];
-  core::CommandBlock b;
-  b.id = next_block_++;
-  b.tenant = w.tenant;
-  b.kind = static_cast<core::BlockKind>(r.kind);
-  b.work_items = r.work_items;
-  b.work_groups = r.work_groups;
-  b.bytes = r.bytes;
-  b.splittable = static_cast<core::Splittable>(r.splittable);
-  b.arrival = Now();
+  core::CommandBlock b = NewBlock(w, r);
   d.policy->Express(b, Now());
   Flight f;
   f.worker = &w;
@@ -284,17 +286,13 @@ void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
   f.released = Now();
   if (d.inflight.empty()) d.head_since = f.released;
   d.inflight.push_back(f);
-  outstanding_.fetch_add(1);
   ++d.dispatches;
   ++dispatches_;
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end()) {
-    TenantStats& ts = t->second;
-    ++ts.commands;
-    if (b.kind == core::BlockKind::kKernel) ts.total_items += r.work_items;
-    ++ts.dispatches;
-    ++ts.express;
-    ++ts.inflight;
+    ++t->second.dispatches;
+    ++t->second.express;
+    ++t->second.inflight;
   }
 }
 

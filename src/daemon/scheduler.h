@@ -138,6 +138,8 @@ class Scheduler {
   void OnMessage(Worker& w, const ctl::Message& m);
   void OnReady(Worker& w, const std::vector<ctl::Ready>& ready);
   void OnDone(Worker& w, const std::vector<ctl::Done>& done);
+  // A policy block for `r`, counted as submitted (outstanding, the tenant's counters).
+  core::CommandBlock NewBlock(const Worker& w, const ctl::Ready& r);
   void Submit(Worker& w, const ctl::Ready& r);
   void StartExpress(Worker& w, const ctl::Ready& r);
   void MaybeGrant(Worker& w, uint32_t device);
