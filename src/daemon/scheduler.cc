@@ -276,24 +276,9 @@ void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
   DeviceState& d = devices_[r.device];
   core::CommandBlock b = NewBlock(w, r);
   d.policy->Express(b, Now());
-  Flight f;
-  f.worker = &w;
-  f.cmd = r.cmd;
-  f.block = b.id;
-  f.tenant = w.tenant;
-  f.range = {0, r.work_items};
-  f.last = true;
-  f.released = Now();
-  if (d.inflight.empty()) d.head_since = f.released;
-  d.inflight.push_back(f);
-  ++d.dispatches;
-  ++dispatches_;
+  Dispatched(d, Flight{&w, r.cmd, b.id, w.tenant, {0, r.work_items}, true, Now()});
   auto t = tenants_.find(w.tenant);
-  if (t != tenants_.end()) {
-    ++t->second.dispatches;
-    ++t->second.express;
-    ++t->second.inflight;
-  }
+  if (t != tenants_.end()) ++t->second.express;
 }
 
 void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
@@ -464,16 +449,8 @@ void Scheduler::Pump() {
         continue;
       }
       Queued q = it->second;
-      Flight f;
-      f.worker = q.worker;
-      f.cmd = q.cmd;
-      f.block = pick->block;
-      f.tenant = pick->tenant;
-      f.range = pick->range;
-      f.last = pick->last;
-      f.released = Now();
-      if (d.inflight.empty()) d.head_since = f.released;
-      d.inflight.push_back(f);
+      Dispatched(d, Flight{q.worker, q.cmd, pick->block, pick->tenant, pick->range, pick->last,
+                           Now()});
       ctl::Release r;
       r.cmd = q.cmd;
       r.begin = pick->range.begin;
@@ -486,36 +463,39 @@ void Scheduler::Pump() {
         if (q.worker->queued_on[di] > 0) --q.worker->queued_on[di];
         d.queued.erase(it);
       }
-      ++d.dispatches;
-      ++dispatches_;
-      auto t = tenants_.find(pick->tenant);
-      if (t != tenants_.end()) {
-        ++t->second.dispatches;
-        ++t->second.inflight;
-      }
     }
   }
 }
 
+void Scheduler::Dispatched(DeviceState& d, const Flight& f) {
+  if (d.inflight.empty()) d.head_since = f.released;
+  d.inflight.push_back(f);
+  ++d.dispatches;
+  ++dispatches_;
+  auto t = tenants_.find(f.tenant);
+  if (t != tenants_.end()) {
+    ++t->second.dispatches;
+    ++t->second.inflight;
+  }
+}
+
+template <typename T>
+void Scheduler::SendPending(Worker& w, ctl::Type type, std::vector<T>& records) {
+  if (w.dead || records.empty()) return;
+  size_t sent = 0;
+  gmux::Status s = ctl::Send(w.fd, type, records.data(), sizeof(T), records.size(), -1,
+                             /*dont_wait=*/true, &sent);
+  records.erase(records.begin(), records.begin() + static_cast<ptrdiff_t>(sent));
+  // A worker that does not read its channel is not waited for: the rest goes next round (and
+  // its dispatches count against it, so the watchdog ends it if it never takes them).
+  if (!s.ok() && s.code() != StatusCode::kResourceExhausted) Drop(w, GoneReason::kClosed);
+}
+
 void Scheduler::SendReleases() {
   for (auto& [id, w] : workers_) {
-    if (!w->dead && !w->express_out.empty()) {
-      size_t sent = 0;
-      gmux::Status s = ctl::Send(w->fd, ctl::Type::kExpress, w->express_out.data(),
-                                 sizeof(ctl::Express), w->express_out.size(), -1,
-                                 /*dont_wait=*/true, &sent);
-      w->express_out.erase(w->express_out.begin(),
-                           w->express_out.begin() + static_cast<ptrdiff_t>(sent));
-      if (!s.ok() && s.code() != StatusCode::kResourceExhausted) Drop(*w, GoneReason::kClosed);
-    }
-    if (w->dead || w->out.empty()) continue;
-    size_t sent = 0;
-    gmux::Status s = ctl::Send(w->fd, ctl::Type::kRelease, w->out.data(), sizeof(ctl::Release),
-                         w->out.size(), -1, /*dont_wait=*/true, &sent);
-    w->out.erase(w->out.begin(), w->out.begin() + static_cast<ptrdiff_t>(sent));
-    // A worker that does not read its channel is not waited for: the rest goes next round (and
-    // its dispatches count against it, so the watchdog ends it if it never takes them).
-    if (!s.ok() && s.code() != StatusCode::kResourceExhausted) Drop(*w, GoneReason::kClosed);
+    // Grants and revokes go ahead of releases.
+    SendPending(*w, ctl::Type::kExpress, w->express_out);
+    SendPending(*w, ctl::Type::kRelease, w->out);
   }
 }
 

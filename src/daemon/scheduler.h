@@ -147,6 +147,11 @@ class Scheduler {
   void EndExpress(uint32_t device);  // the grant is over: the held work goes to the policy
   void Drop(Worker& w, GoneReason why);
   void Watchdog();
+  // Records `f` as in flight on `d` and counts the dispatch.
+  void Dispatched(DeviceState& d, const Flight& f);
+  // Sends what the socket takes now of `records` to `w` and keeps the rest for the next round.
+  template <typename T>
+  void SendPending(Worker& w, ctl::Type type, std::vector<T>& records);
   void SendReleases();
 
   uint32_t inflight_limit_ = 4;

@@ -20,7 +20,7 @@ constexpr std::chrono::milliseconds kExpressReportDelay{2};
 WorkerQueue::WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_broker_gone)
     : ctl_fd_(ctl_fd), on_broker_gone_(std::move(on_broker_gone)) {
   mailbox_.EnableWakeFd();
-  express_.resize(devices);
+  slots_.resize(devices);
   waiting_.resize(devices);
   running_.resize(devices);
   express_jobs_.resize(devices);
@@ -196,6 +196,12 @@ ctl::Ready WorkerQueue::ReadyOf(const Command& c) {
   return r;
 }
 
+void WorkerQueue::ToScheduler(const std::shared_ptr<Command>& c) {
+  ready_[c->block.id] = c;
+  ++waiting_[c->device];
+  ready_out_.push_back(ReadyOf(*c));
+}
+
 void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
   // Started whole; the broker accounts it when the express Ready arrives (before its Done).
   ctl::Ready r = ReadyOf(*c);
@@ -213,9 +219,9 @@ void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
 void WorkerQueue::DrainBacklog(uint32_t dev) {
   // In batches: refilled once half the slots are free, so the executor gets many commands per
   // flush and completion callback instead of one per finished command.
-  if (running_[dev] > express_[dev].slots / 2) return;
-  while (!backlog_[dev].empty() && express_[dev].slots > 0 && waiting_[dev] == 0 &&
-         running_[dev] < express_[dev].slots) {
+  if (running_[dev] > slots_[dev] / 2) return;
+  while (!backlog_[dev].empty() && slots_[dev] > 0 && waiting_[dev] == 0 &&
+         running_[dev] < slots_[dev]) {
     std::shared_ptr<Command> c = std::move(backlog_[dev].front());
     backlog_[dev].pop_front();
     StartExpress(c);
@@ -251,9 +257,8 @@ void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
     }
     c->event->staged = false;
     const uint32_t dev = c->device;
-    ctl::Ready r = ReadyOf(*c);
-    if (dev < express_.size() && express_[dev].slots > 0) {
-      if (waiting_[dev] == 0 && running_[dev] < express_[dev].slots && backlog_[dev].empty()) {
+    if (dev < slots_.size() && slots_[dev] > 0) {
+      if (waiting_[dev] == 0 && running_[dev] < slots_[dev] && backlog_[dev].empty()) {
         StartExpress(c);
       } else {
         // Started once the commands before it were released and a slot is free.
@@ -261,9 +266,7 @@ void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
         continue;  // not dispatched yet: what waits on it stays parked
       }
     } else {
-      ready_[c->block.id] = c;
-      ++waiting_[dev];
-      ready_out_.push_back(r);
+      ToScheduler(c);
     }
     auto it = parked_.find(c->event.get());
     if (it != parked_.end()) {
@@ -302,22 +305,15 @@ void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done
 }
 
 void WorkerQueue::OnExpress(const ctl::Express& e) {
-  if (e.device >= express_.size()) return;
-  if (e.slots > 0) {
-    express_[e.device] = {e.epoch, e.slots};
-    return;
-  }
+  if (e.device >= slots_.size()) return;
+  slots_[e.device] = e.slots;
+  if (e.slots > 0) return;
   // Revoked: whatever express already let through starts and is reported before the answer, so
   // the broker has every express record of this grant when it reads kExpressEnd; the backlog
   // goes to the scheduler as ordinary Ready records, in order.
-  express_[e.device].slots = 0;
   std::deque<std::shared_ptr<Command>> backlog = std::move(backlog_[e.device]);
   backlog_[e.device].clear();
-  for (auto& c : backlog) {
-    ready_[c->block.id] = c;
-    ++waiting_[e.device];
-    ready_out_.push_back(ReadyOf(*c));
-  }
+  for (auto& c : backlog) ToScheduler(c);
   for (auto& c : backlog) Notify(c->event.get());  // what waited for them to be handed over
   FlushReady(/*force_report=*/true);
   ctl::ExpressEnd end;

@@ -72,6 +72,8 @@ class WorkerQueue : public CommandSink {
   void FlushReady(bool force_report = false);
   void OnExpress(const ctl::Express& e);
   static ctl::Ready ReadyOf(const Command& c);
+  // Reports `c` ready to the broker's scheduler and waits for its release.
+  void ToScheduler(const std::shared_ptr<Command>& c);
   void StartExpress(const std::shared_ptr<Command>& c);
   void DrainBacklog(uint32_t device);
 
@@ -93,14 +95,10 @@ class WorkerQueue : public CommandSink {
   // Express starts not reported yet, and when the oldest of them started.
   std::vector<ctl::Ready> express_unreported_;
   std::chrono::steady_clock::time_point express_oldest_{};
-  // Per device: the express grant (slots 0: none), commands reported ready and waiting for a
+  // Per device: the express grant's slots (0: none), commands reported ready and waiting for a
   // release, commands started and not finished, and express starts not yet handed to the
   // executor.
-  struct Grant {
-    uint64_t epoch = 0;
-    uint32_t slots = 0;
-  };
-  std::vector<Grant> express_;
+  std::vector<uint32_t> slots_;
   std::vector<uint64_t> waiting_;
   std::vector<uint64_t> running_;
   std::vector<std::vector<Job>> express_jobs_;
