@@ -116,6 +116,15 @@ class ExpressTest : public ::testing::Test {
     }
   }
   nlohmann::json Status() { return nlohmann::json::parse(sched_->Status()); }
+  // Sends command `cmd` ready from `w`; the one grant record that answers it (nullopt: none).
+  static std::optional<ctl::Express> ReadyAndGrant(FakeWorker& w, uint64_t cmd) {
+    w.Ready(cmd);
+    auto m = w.Expect(ctl::Type::kExpress);
+    if (!m) return std::nullopt;
+    auto e = m->As<ctl::Express>();
+    if (e.size() != 1) return std::nullopt;
+    return e[0];
+  }
 
   std::unique_ptr<Scheduler> sched_;
   std::mutex mu_;
@@ -125,13 +134,10 @@ class ExpressTest : public ::testing::Test {
 TEST_F(ExpressTest, ALoneWorkerIsGrantedAndItsExpressCommandsAreAccounted) {
   SetUpScheduler();
   auto a = AddWorker(1, 1);
-  a->Ready(1);
-  auto grant = a->Expect(ctl::Type::kExpress);
+  auto grant = ReadyAndGrant(*a, 1);
   ASSERT_TRUE(grant.has_value()) << "no grant for the only tenant";
-  auto g = grant->As<ctl::Express>();
-  ASSERT_EQ(g.size(), 1u);
-  EXPECT_EQ(g[0].device, 0u);
-  EXPECT_EQ(g[0].slots, 4u) << "the grant's slots are the device's in-flight limit";
+  EXPECT_EQ(grant->device, 0u);
+  EXPECT_EQ(grant->slots, 4u) << "the grant's slots are the device's in-flight limit";
   ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
   a->Done(1);
   for (uint64_t cmd = 2; cmd <= 5; ++cmd) {
@@ -179,10 +185,9 @@ TEST_F(ExpressTest, PoliciesThatHoldBackOrSplitNeverGrant) {
 TEST_F(ExpressTest, AnotherTenantRevokesAndWaitsForTheHolderToConfirm) {
   SetUpScheduler();
   auto a = AddWorker(1, 1);
-  a->Ready(1);
-  auto grant = a->Expect(ctl::Type::kExpress);
+  auto grant = ReadyAndGrant(*a, 1);
   ASSERT_TRUE(grant.has_value());
-  const uint64_t epoch = grant->As<ctl::Express>()[0].epoch;
+  const uint64_t epoch = grant->epoch;
   ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
   a->Done(1);
   a->Ready(2, /*express=*/true);  // running when the other tenant arrives
@@ -210,10 +215,9 @@ TEST_F(ExpressTest, AnotherTenantRevokesAndWaitsForTheHolderToConfirm) {
 TEST_F(ExpressTest, AConfirmationForAnotherGrantEndsTheWorker) {
   SetUpScheduler();
   auto a = AddWorker(1, 1);
-  a->Ready(1);
-  auto grant = a->Expect(ctl::Type::kExpress);
+  auto grant = ReadyAndGrant(*a, 1);
   ASSERT_TRUE(grant.has_value());
-  a->End(grant->As<ctl::Express>()[0].epoch + 7);
+  a->End(grant->epoch + 7);
   EXPECT_TRUE(a->ClosedWithin(2000));
   EXPECT_EQ(Gone(1), Scheduler::GoneReason::kMalformed);
 }
@@ -221,8 +225,7 @@ TEST_F(ExpressTest, AConfirmationForAnotherGrantEndsTheWorker) {
 TEST_F(ExpressTest, AHolderThatDiesReleasesTheHeldWork) {
   SetUpScheduler();
   auto a = AddWorker(1, 1);
-  a->Ready(1);
-  ASSERT_TRUE(a->Expect(ctl::Type::kExpress).has_value());
+  ASSERT_TRUE(ReadyAndGrant(*a, 1).has_value());
   auto b = AddWorker(2, 2);
   b->Ready(1);
   ASSERT_TRUE(a->Expect(ctl::Type::kExpress).has_value());  // the revoke
@@ -236,9 +239,7 @@ TEST_F(ExpressTest, TenantsThatTakeTurnsAreNotGranted) {
   SetUpScheduler();
   auto a = AddWorker(1, 1);
   auto b = AddWorker(2, 2);
-  b->Ready(100);  // alone so far: granted
-  auto grant = b->Expect(ctl::Type::kExpress);
-  ASSERT_TRUE(grant.has_value());
+  ASSERT_TRUE(ReadyAndGrant(*b, 100).has_value());  // alone so far: granted
   ASSERT_TRUE(b->Expect(ctl::Type::kRelease).has_value());
   b->Done(100);
   a->Ready(1);  // revokes b's grant

@@ -335,6 +335,14 @@ TEST_F(SplitSchedTest, SplitPolicyRunsChunksWithOneEventAndIdenticalResults) {
   gate->Complete(CL_COMPLETE);
   s->Rescan(gate);
   Drain(*s);
+  // A command's event completes in its `finished` callback, just after the scheduler stops
+  // counting it as outstanding.
+  WaitUntil([&] {
+    for (const auto& c : cmds) {
+      if (c->event->status() != CL_COMPLETE) return false;
+    }
+    return true;
+  });
   for (int i = 0; i < 6; ++i) {
     auto out = Read<float>(outs[i], n);
     for (size_t j = 0; j < n; j += 7) {
