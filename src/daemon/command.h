@@ -128,6 +128,10 @@ class CommandSink {
   virtual void Rescan(std::shared_ptr<EventRecord> ev) = 0;
   // Commands submitted and not yet completed.
   virtual uint64_t Outstanding() const = 0;
+  // Blocks until fewer than `limit` commands are outstanding, as a device's full command ring
+  // blocks its driver: true once there is room, false at once when none will come (every
+  // outstanding command is held behind an event no running command will set).
+  virtual bool WaitForRoom(uint64_t limit) = 0;
   // The scheduler's JSON as this session's tenant may see it ("{}" when unavailable).
   virtual std::string Status() = 0;
 };

@@ -1042,9 +1042,16 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
   if (Err e = CheckEvents(); !e.ok()) return e;
   if (limits_.max_queued_commands != 0 &&
       sink_.Outstanding() + to_submit_.size() >= limits_.max_queued_commands) {
-    return {CL_OUT_OF_RESOURCES, "this tenant has " +
-                                     std::to_string(sink_.Outstanding() + to_submit_.size()) +
-                                     " commands queued, its limit (max_queued_commands)"};
+    // Full: wait for the device to drain, as a driver blocks on a full command ring (the client
+    // blocks on its socket meanwhile). Only a queue that cannot drain, everything in it held
+    // behind events nothing running will set, is an error.
+    SubmitPending();
+    if (!sink_.WaitForRoom(limits_.max_queued_commands)) {
+      return {CL_OUT_OF_RESOURCES,
+              "this tenant has " + std::to_string(sink_.Outstanding()) +
+                  " commands queued, its limit (max_queued_commands), all held behind events "
+                  "not set yet"};
+    }
   }
   auto event = std::make_shared<EventRecord>(event_id, false, q->device);
   // Decoding errors fail the command's event, so a later wait on it returns instead of hanging.

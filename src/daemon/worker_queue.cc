@@ -11,8 +11,8 @@ namespace gmux::daemon {
 
 namespace {
 
-// The longest an express start goes unreported while its command runs (the broker's watchdog
-// and `gmux status` see it in flight from then on).
+// The longest an express start or completion goes unreported (the broker's watchdog and
+// `gmux status` see a command in flight from its report on, and account it at its Done).
 constexpr std::chrono::milliseconds kExpressReportDelay{2};
 
 }  // namespace
@@ -66,6 +66,42 @@ void WorkerQueue::Submit(std::vector<std::shared_ptr<Command>> cmds) {
   });
 }
 
+bool WorkerQueue::WaitForRoom(uint64_t limit) {
+  room_waiters_.fetch_add(1);
+  bool room = true;
+  {
+    std::unique_lock<std::mutex> lock(room_mu_);
+    while (outstanding_.load() >= limit) {
+      if (stop_) {
+        room = false;
+        break;
+      }
+      if (parked_count_.load() >= outstanding_.load()) {
+        // Everything looks held. The loop decides, after what was posted before (a user
+        // event set just now, commands not accepted yet): held commands wait for an event
+        // that only a running command or the client could set, and the client waits for us.
+        lock.unlock();
+        auto stuck = std::make_shared<std::promise<bool>>();
+        auto f = stuck->get_future();
+        mailbox_.Post([this, stuck] {
+          stuck->set_value(parked_count_.load() >= outstanding_.load());
+        });
+        const bool held = f.wait_for(std::chrono::seconds(5)) != std::future_status::ready ||
+                          f.get();
+        lock.lock();
+        if (held && outstanding_.load() >= limit) {
+          room = false;
+          break;
+        }
+        continue;
+      }
+      room_cv_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+  }
+  room_waiters_.fetch_sub(1);
+  return room;
+}
+
 void WorkerQueue::Rescan(std::shared_ptr<EventRecord> ev) {
   mailbox_.Post([this, ev = std::move(ev)] { Notify(ev.get()); });
 }
@@ -89,7 +125,7 @@ void WorkerQueue::Loop() {
     pollfd fds[2] = {{wake, POLLIN, 0}, {ctl_fd_, POLLIN, 0}};
     // Express starts not yet reported go out by kExpressReportDelay at the latest.
     int timeout_ms = -1;
-    if (!express_unreported_.empty()) {
+    if (!express_unreported_.empty() || !express_done_.empty()) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                       express_oldest_ + kExpressReportDelay - std::chrono::steady_clock::now())
                       .count();
@@ -206,8 +242,11 @@ void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
   // Started whole; the broker accounts it when the express Ready arrives (before its Done).
   ctl::Ready r = ReadyOf(*c);
   r.express = 1;
-  if (express_unreported_.empty()) express_oldest_ = std::chrono::steady_clock::now();
+  if (express_unreported_.empty() && express_done_.empty()) {
+    express_oldest_ = std::chrono::steady_clock::now();
+  }
   express_unreported_.push_back(r);
+  express_running_.insert(c->block.id);
   Job job;
   job.cmd = c;
   job.range = {0, c->block.work_items};
@@ -253,6 +292,7 @@ void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
     work.pop_front();
     if (const EventRecord* b = Blocker(*c)) {
       parked_[const_cast<EventRecord*>(b)].push_back(std::move(c));
+      parked_count_.fetch_add(1);
       continue;
     }
     c->event->staged = false;
@@ -270,6 +310,7 @@ void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
     }
     auto it = parked_.find(c->event.get());
     if (it != parked_.end()) {
+      parked_count_.fetch_sub(it->second.size());
       for (auto& w : it->second) work.push_back(std::move(w));
       parked_.erase(it);
     }
@@ -281,11 +322,13 @@ void WorkerQueue::Notify(EventRecord* ev) {
   if (it == parked_.end()) return;
   std::vector<std::shared_ptr<Command>> waiting = std::move(it->second);
   parked_.erase(it);
+  parked_count_.fetch_sub(waiting.size());
   for (auto& c : waiting) TryRelease(c);
 }
 
 void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done) {
   std::vector<ctl::Done>& out = done_out_;
+  bool freed = false;
   for (const auto& c : done) {
     ctl::Done d;
     d.cmd = c.block;
@@ -293,11 +336,26 @@ void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done
     d.end = c.range.end;
     d.device_ns = static_cast<uint64_t>(std::max<int64_t>(0, c.device_time.count()));
     d.last = c.last ? 1 : 0;
-    out.push_back(d);
+    // An express command's completion waits for the next report while the grant holds: no other
+    // tenant's dispatch depends on it, and the broker is not woken once per command.
+    if (c.last && express_running_.erase(c.block) != 0 && device < slots_.size() &&
+        slots_[device] > 0) {
+      if (express_unreported_.empty() && express_done_.empty()) {
+        express_oldest_ = std::chrono::steady_clock::now();
+      }
+      express_done_.push_back(d);
+    } else {
+      out.push_back(d);
+    }
     if (c.last) {
       outstanding_.fetch_sub(1);
+      freed = true;
       if (device < running_.size() && running_[device] > 0) --running_[device];
     }
+  }
+  if (freed && room_waiters_.load() != 0) {
+    std::lock_guard<std::mutex> lock(room_mu_);
+    room_cv_.notify_all();
   }
   if (device < backlog_.size()) DrainBacklog(device);
   // Reported when the loop has finished this round, after the executor has delivered the
@@ -339,16 +397,20 @@ void WorkerQueue::FlushReady(bool force_report) {
     ready_out_.clear();
     done_out_.clear();
     express_unreported_.clear();
+    express_done_.clear();
+    express_running_.clear();
     return;
   }
-  // Express starts are reported together with the first completion after them (one wake-up of
-  // the broker per command instead of two), or after kExpressReportDelay, or at a revoke; always
-  // before any Done, so the broker never hears of a command's end before its start.
-  if (!express_unreported_.empty() &&
-      (!done_out_.empty() || force_report ||
+  // Express starts and completions are reported in batches: with the next report that cannot
+  // wait (an ordinary Ready or Done), after kExpressReportDelay, or at a revoke. The Readys of a
+  // report go before its Dones, so the broker never hears of a command's end before its start.
+  if ((!express_unreported_.empty() || !express_done_.empty()) &&
+      (!ready_out_.empty() || !done_out_.empty() || force_report ||
        std::chrono::steady_clock::now() - express_oldest_ >= kExpressReportDelay)) {
     ready_out_.insert(ready_out_.begin(), express_unreported_.begin(), express_unreported_.end());
     express_unreported_.clear();
+    done_out_.insert(done_out_.begin(), express_done_.begin(), express_done_.end());
+    express_done_.clear();
   }
   if (!ready_out_.empty()) ctl::SendRecords(ctl_fd_, ctl::Type::kReady, ready_out_).IgnoreError();
   ready_out_.clear();

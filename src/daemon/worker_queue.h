@@ -29,6 +29,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/command.h"
@@ -54,6 +55,7 @@ class WorkerQueue : public CommandSink {
   void Submit(std::vector<std::shared_ptr<Command>> cmds) override;
   void Rescan(std::shared_ptr<EventRecord> ev) override;
   uint64_t Outstanding() const override { return outstanding_.load(); }
+  bool WaitForRoom(uint64_t limit) override;
   std::string Status() override;
 
  private:
@@ -84,6 +86,11 @@ class WorkerQueue : public CommandSink {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> outstanding_{0};
+  // Commands in parked_ (written on the loop thread), and the wait for room (WaitForRoom).
+  std::atomic<uint64_t> parked_count_{0};
+  std::atomic<int> room_waiters_{0};
+  std::mutex room_mu_;
+  std::condition_variable room_cv_;
 
   // Loop-thread state.
   std::vector<std::unique_ptr<Executor>> executors_;
@@ -92,9 +99,13 @@ class WorkerQueue : public CommandSink {
   std::unordered_map<uint64_t, std::shared_ptr<Command>> ready_;  // sent, not fully released
   std::vector<ctl::Ready> ready_out_;
   std::vector<ctl::Done> done_out_;  // completions to report at the end of the loop's round
-  // Express starts not reported yet, and when the oldest of them started.
+  // Under a grant the broker hears of express work in batches: starts and completions not
+  // reported yet, and when the oldest of them happened. Express commands still running (their
+  // completion is deferred only while the device's grant holds).
   std::vector<ctl::Ready> express_unreported_;
+  std::vector<ctl::Done> express_done_;
   std::chrono::steady_clock::time_point express_oldest_{};
+  std::unordered_set<uint64_t> express_running_;
   // Per device: the express grant's slots (0: none), commands reported ready and waiting for a
   // release, commands started and not finished, and express starts not yet handed to the
   // executor.

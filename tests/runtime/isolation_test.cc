@@ -1077,6 +1077,78 @@ TEST_F(IsolationTest, HeldCommandsOfOneTenantDoNotSlowAnother) {
   ExpectAlive("after the held backlog");
 }
 
+// ---- a full queue ----
+
+// A program that enqueues far more launches than its tenant may queue, the obvious way (no events,
+// one clFinish at the end), runs as it would natively: the enqueue waits for room. Only a queue
+// that cannot drain (everything held behind a user event) answers CL_OUT_OF_RESOURCES.
+TEST_F(IsolationTest, AFullQueueWaitsForTheDeviceAndOnlyAHeldOneFails) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon("[limits]\nmax_queued_commands = 200\n"));
+  Child c = Spawn(135, 150, [](Channel& ch) {
+    GmuxDevice d;
+    cl_kernel k = nullptr;
+    cl_mem m = nullptr;
+    std::vector<int> v(64, 0);
+    if (int rc = KernelOnBuffer(d, kTinySource, "tiny", v.size() * sizeof(int), v.data(), &k, &m)) {
+      return rc;
+    }
+    size_t n = v.size();
+    constexpr int kLaunches = 5000;  // 25 times the limit
+    for (int i = 0; i < kLaunches; ++i) {
+      if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &n, nullptr, 0, nullptr, nullptr) !=
+          CL_SUCCESS) {
+        return 60;
+      }
+    }
+    if (clFinish(d.queue) != CL_SUCCESS) return 61;
+    if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n * sizeof(int), v.data(), 0, nullptr,
+                            nullptr) != CL_SUCCESS) {
+      return 62;
+    }
+    for (int x : v) {
+      if (x != kLaunches) return 63;
+    }
+    // Held behind a user event, the queue cannot drain: the enqueues past the limit fail (the
+    // error reaches the client from its next clFinish) instead of waiting for ever.
+    cl_int err = CL_SUCCESS;
+    cl_event gate = clCreateUserEvent(d.context, &err);
+    if (gate == nullptr) return 64;
+    for (int i = 0; i < 1000; ++i) {
+      if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &n, nullptr, 1, &gate, nullptr) !=
+          CL_SUCCESS) {
+        return 65;
+      }
+    }
+    // Set, the held launches run, the refused ones are reported, and the queue works again.
+    if (clSetUserEventStatus(gate, CL_COMPLETE) != CL_SUCCESS) return 66;
+    if (clFinish(d.queue) != CL_OUT_OF_RESOURCES) return 67;
+    for (int i = 0; i < 500; ++i) {
+      if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &n, nullptr, 0, nullptr, nullptr) !=
+          CL_SUCCESS) {
+        return 68;
+      }
+    }
+    if (clFinish(d.queue) != CL_SUCCESS) return 69;
+    if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n * sizeof(int), v.data(), 0, nullptr,
+                            nullptr) != CL_SUCCESS) {
+      return 70;
+    }
+    for (int x : v) {
+      if (x != v[0]) return 71;
+    }
+    ch.Send(v[0] - kLaunches - 500);  // the held launches that were taken
+    return 0;
+  });
+  std::optional<int64_t> held = c.Receive(140s);
+  Outcome o = c.Wait(30s);
+  ASSERT_TRUE(held.has_value()) << o.Describe();
+  EXPECT_TRUE(o.ok()) << o.Describe();
+  // The tenant's limit, less what was still queued when the first held launch came.
+  EXPECT_GE(*held, 150);
+  EXPECT_LE(*held, 200);
+  ExpectAlive("after the full queue");
+}
+
 // ---- 14. who sees whom in Stats ----
 
 std::set<std::string> TenantNames(const json& j) {
