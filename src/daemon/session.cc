@@ -8,6 +8,7 @@
 #include <kj/exception.h>
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -15,6 +16,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +33,90 @@ SessionCore::~SessionCore() {
 }
 
 namespace {
+
+// The -I directories of one build, recreated from the headers the client sent (src/icd/includes.h)
+// in a private directory that lives as long as the build. Only names that stay below their
+// directory are written, and nothing outside this worker's own temporary directory.
+class IncludeTree {
+ public:
+  IncludeTree() = default;
+  IncludeTree(const IncludeTree&) = delete;
+  IncludeTree& operator=(const IncludeTree&) = delete;
+  ~IncludeTree() {
+    if (!root_.empty()) {
+      ::nftw(root_.c_str(), [](const char* path, const struct stat*, int, struct FTW*) {
+        return ::remove(path);
+      }, 16, FTW_DEPTH | FTW_PHYS);
+    }
+  }
+
+  // An error message, or "" when the tree is ready.
+  std::string Make(uint32_t dirs, capnp::List<proto::wire::IncludeFile>::Reader files) {
+    if (dirs == 0 && files.size() == 0) return "";
+    if (dirs > 256) return "more than 256 -I directories";
+    const char* tmp = std::getenv("TMPDIR");
+    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+                       "/gmux-include-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) return std::string("mkdtemp: ") + std::strerror(errno);
+    root_ = tmpl;
+    dirs_ = dirs;
+    for (uint32_t d = 0; d < dirs; ++d) {
+      if (::mkdir(Dir(d).c_str(), 0700) != 0) return std::string("mkdir: ") + std::strerror(errno);
+    }
+    for (auto f : files) {
+      const std::string name = f.getName().cStr();
+      if (f.getDir() >= dirs) return "include file '" + name + "' names no -I directory";
+      if (!Safe(name)) return "include file name '" + name + "' is absolute or leaves its directory";
+      std::string path = Dir(f.getDir());
+      for (size_t slash = name.find('/'); slash != std::string::npos;
+           slash = name.find('/', slash + 1)) {
+        std::string sub = path + "/" + name.substr(0, slash);
+        if (::mkdir(sub.c_str(), 0700) != 0 && errno != EEXIST) {
+          return "mkdir " + name.substr(0, slash) + ": " + std::strerror(errno);
+        }
+      }
+      path += "/" + name;
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd < 0) return "include file '" + name + "': " + std::strerror(errno);
+      auto data = f.getData();
+      size_t done = 0;
+      while (done < data.size()) {
+        ssize_t w = ::write(fd, data.begin() + done, data.size() - done);
+        if (w <= 0) break;
+        done += static_cast<size_t>(w);
+      }
+      ::close(fd);
+      if (done != data.size()) return "include file '" + name + "': short write";
+    }
+    return "";
+  }
+
+  // The -I options that replace the client's, in its order.
+  std::string Options() const {
+    std::string out;
+    for (uint32_t d = 0; d < dirs_; ++d) out += "-I" + Dir(d) + " ";
+    return out;
+  }
+
+ private:
+  std::string Dir(uint32_t d) const { return root_ + "/" + std::to_string(d); }
+  static bool Safe(const std::string& name) {
+    if (name.empty() || name.size() > 4096 || name.front() == '/') return false;
+    size_t start = 0;
+    for (;;) {
+      size_t slash = name.find('/', start);
+      std::string_view part(name.data() + start,
+                            (slash == std::string::npos ? name.size() : slash) - start);
+      if (part.empty() || part == "." || part == "..") return false;
+      if (slash == std::string::npos) return true;
+      start = slash + 1;
+    }
+  }
+
+  std::string root_;
+  uint32_t dirs_ = 0;
+};
+
 // Replies (not read data, which the session's staging limit bounds) a client may leave unread
 // before it is cut off.
 constexpr size_t kMaxUnreadReplyBytes = 64u << 20;
@@ -601,6 +688,15 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         }
         dv.push_back(backend_.devices()[d]);
       }
+      // The -I directories the client sent (their headers read on its side).
+      IncludeTree includes;
+      const std::string inc_err =
+          build ? includes.Make(req.getBuildProgram().getIncludeDirs(),
+                                req.getBuildProgram().getIncludeFiles())
+                : includes.Make(req.getCompileProgram().getIncludeDirs(),
+                                req.getCompileProgram().getIncludeFiles());
+      if (!inc_err.empty()) return {CL_INVALID_BUILD_OPTIONS, inc_err};
+      options = includes.Options() + options;
       cl_int err;
       if (build && p->from_binary && p->built) {
         // Built again from the same binary: nothing can change, and PoCL 3.1 asserts in its

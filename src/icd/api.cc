@@ -20,6 +20,7 @@
 
 #include "icd/api.h"
 #include "icd/connection.h"
+#include "icd/includes.h"
 #include "icd/objects.h"
 #include "proto/image_layout.h"
 
@@ -1888,6 +1889,22 @@ cl_int CL_API_CALL ReleaseProgram(cl_program p) {
   return CL_SUCCESS;
 }
 
+// The options, and the headers of their -I directories read here (includes.h).
+template <typename Builder>
+void FillIncludes(Builder r, const char* options, const std::string& source) {
+  IncludeSet inc = CollectIncludes(options != nullptr ? options : "", {source});
+  r.setOptions(inc.options);
+  r.setIncludeDirs(inc.dirs);
+  auto files = r.initIncludeFiles(static_cast<unsigned>(inc.files.size()));
+  for (size_t i = 0; i < inc.files.size(); ++i) {
+    auto f = files[static_cast<unsigned>(i)];
+    f.setDir(inc.files[i].dir);
+    f.setName(inc.files[i].name);
+    f.setData(kj::arrayPtr(reinterpret_cast<const kj::byte*>(inc.files[i].data.data()),
+                           inc.files[i].data.size()));
+  }
+}
+
 cl_int CL_API_CALL BuildProgram(cl_program p, cl_uint n, const cl_device_id* devs,
                                 const char* options,
                                 void(CL_CALLBACK* notify)(cl_program, void*), void* user) {
@@ -1899,7 +1916,7 @@ cl_int CL_API_CALL BuildProgram(cl_program p, cl_uint n, const cl_device_id* dev
   auto r = b.initRoot<wire::Request>().initBuildProgram();
   r.setProgram(p->id);
   FillDevices(r.initDevices(static_cast<unsigned>(dl.size())), dl);
-  r.setOptions(options != nullptr ? options : "");
+  FillIncludes(r, options, p->source);
   cl_int e = Conn()->Call(b);
   if (notify != nullptr) notify(p, user);
   return e;
@@ -1917,7 +1934,7 @@ cl_int CL_API_CALL CompileProgram(cl_program p, cl_uint n, const cl_device_id* d
   auto r = b.initRoot<wire::Request>().initCompileProgram();
   r.setProgram(p->id);
   FillDevices(r.initDevices(static_cast<unsigned>(dl.size())), dl);
-  r.setOptions(options != nullptr ? options : "");
+  FillIncludes(r, options, p->source);
   auto hl = r.initHeaders(nh);
   auto nl = r.initHeaderNames(nh);
   for (cl_uint i = 0; i < nh; ++i) {

@@ -172,10 +172,19 @@ struct CreateProgramWithBinary {
   binaries @3 :List(Data);
 }
 
+# A header the client read from one of its build's -I directories (src/icd/includes.h).
+struct IncludeFile {
+  dir @0 :UInt32;             # index of the -I directory, < includeDirs
+  name @1 :Text;              # relative path below it, normalized (no "..", not absolute)
+  data @2 :Data;
+}
+
 struct BuildProgram {
   program @0 :UInt64;
   devices @1 :List(UInt64);   # empty: every device of the program
-  options @2 :Text;
+  options @2 :Text;           # without the -I options, which includeDirs replaces
+  includeDirs @3 :UInt32;     # the build's -I directories, in order; the worker recreates them
+  includeFiles @4 :List(IncludeFile);
 }
 
 struct CompileProgram {
@@ -184,6 +193,8 @@ struct CompileProgram {
   options @2 :Text;
   headers @3 :List(UInt64);
   headerNames @4 :List(Text);
+  includeDirs @5 :UInt32;
+  includeFiles @6 :List(IncludeFile);
 }
 
 struct LinkProgram {

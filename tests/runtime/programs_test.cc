@@ -4,7 +4,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime/runtime_env.h"
 
@@ -182,6 +188,80 @@ TEST(ProgramsTest, BinomialOptionsMatchNative) {
   // Deep in the money the price approaches spot - discounted strike.
   ASSERT_EQ(g.size(), static_cast<size_t>(options));
   for (int i = 0; i < options; ++i) EXPECT_GE(g[i], spot[i] - 10.0f - 1e-3f);
+}
+
+// A program that builds its kernels with -I options and includes its own headers, as
+// applications do: a relative -I (".", against the application's working directory), an
+// absolute one, a quoted include found beside the header that includes it, and a <> include.
+// gmux builds it as natively, over TCP too, where the daemon cannot see the client's files.
+const char* kIncludingSource = R"(#include "./main.h"
+#include <extra.h>
+__kernel void scaled(__global const float* a, __global float* out) {
+  int i = get_global_id(0);
+  out[i] = a[i] * SCALE + OFFSET + EXTRA;
+})";
+
+std::vector<float> RunIncluding(const char* platform, const std::string& options,
+                                const std::vector<float>& in) {
+  ClDevice d;
+  EXPECT_TRUE(OpenDevice(platform, d)) << platform;
+  if (!d.ok()) return {};
+  std::string log;
+  cl_program p = BuildProgram(d, kIncludingSource, &log, options.c_str());
+  EXPECT_NE(p, nullptr) << platform << ": " << log;
+  if (p == nullptr) return {};
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(p, "scaled", &err);
+  EXPECT_EQ(err, CL_SUCCESS);
+  cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                            in.size() * sizeof(float), const_cast<float*>(in.data()), &err);
+  cl_mem out = clCreateBuffer(d.context, CL_MEM_WRITE_ONLY, in.size() * sizeof(float), nullptr,
+                              &err);
+  clSetKernelArg(k, 0, sizeof(cl_mem), &a);
+  clSetKernelArg(k, 1, sizeof(cl_mem), &out);
+  size_t n = in.size();
+  EXPECT_EQ(clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &n, nullptr, 0, nullptr, nullptr),
+            CL_SUCCESS);
+  std::vector<float> result(n);
+  EXPECT_EQ(clEnqueueReadBuffer(d.queue, out, CL_TRUE, 0, n * sizeof(float), result.data(), 0,
+                                nullptr, nullptr),
+            CL_SUCCESS);
+  clReleaseMemObject(a);
+  clReleaseMemObject(out);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return result;
+}
+
+TEST(ProgramsTest, RelativeAndAbsoluteIncludeDirectoriesBuildAsNatively) {
+  char tmpl[] = "/tmp/gmux-includes-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto write = [&](const std::string& name, const std::string& text) {
+    FILE* f = std::fopen((dir + "/" + name).c_str(), "w");
+    ASSERT_NE(f, nullptr) << name;
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  ASSERT_EQ(::mkdir((dir + "/app").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((dir + "/app/sub").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir((dir + "/shared").c_str(), 0700), 0);
+  write("app/main.h", "#include \"sub/scale.h\"\n#define OFFSET 3.0f\n");
+  write("app/sub/scale.h", "#include \"factor.h\"\n#define SCALE (FACTOR * 2.0f)\n");
+  write("app/sub/factor.h", "#define FACTOR 1.5f\n");
+  write("shared/extra.h", "#define EXTRA 0.25f\n");
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(::chdir((dir + "/app").c_str()), 0);
+  const std::string options = "-I. -I " + dir + "/shared -cl-std=CL1.2";
+  auto in = Inputs(4096, 7);
+  auto g = RunIncluding(kGmux, options, in);
+  auto nat = RunIncluding(kNative, options, in);
+  EXPECT_EQ(::chdir(cwd), 0);
+  ExpectSame(g, nat);
+  ASSERT_EQ(g.size(), in.size());
+  EXPECT_EQ(g[100], in[100] * 3.0f + 3.0f + 0.25f);
+  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace
