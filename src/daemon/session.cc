@@ -117,6 +117,12 @@ class IncludeTree {
   uint32_t dirs_ = 0;
 };
 
+// Host access flags are the application's promise about its own transfers, which the ICD checks
+// (CL_INVALID_OPERATION); the worker itself moves the data for every transfer and map, so the
+// backend objects are created without them.
+constexpr cl_mem_flags kHostAccessFlags =
+    CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+
 // Replies (not read data, which the session's staging limit bounds) a client may leave unread
 // before it is cut off.
 constexpr size_t kMaxUnreadReplyBytes = 64u << 20;
@@ -584,7 +590,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
       cl_mem_flags flags = r.getFlags() & ~static_cast<cl_mem_flags>(
                                               CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR |
-                                              CL_MEM_ALLOC_HOST_PTR);
+                                              CL_MEM_ALLOC_HOST_PTR | kHostAccessFlags);
       std::shared_ptr<Bulk> init;
       if (r.getInitialData() != 0) {
         Err e = TakeBulk(r.getInitialData(), r.getSize(), init);
@@ -610,7 +616,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       cl_buffer_region region{r.getOrigin(), r.getSize()};
       cl_int err = CL_SUCCESS;
-      cl_mem m = cl_.clCreateSubBuffer(parent->mem->h, r.getFlags(), CL_BUFFER_CREATE_TYPE_REGION,
+      cl_mem m = cl_.clCreateSubBuffer(parent->mem->h, r.getFlags() & ~kHostAccessFlags,
+                                       CL_BUFFER_CREATE_TYPE_REGION,
                                        &region, &err);
       if (m == nullptr) return {err, "clCreateSubBuffer failed"};
       mems_[r.getId()] = {Adopt(m), r.getSize()};
@@ -1585,7 +1592,7 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   }
   cl_mem_flags flags = r.getFlags() & ~static_cast<cl_mem_flags>(
                                           CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR |
-                                          CL_MEM_ALLOC_HOST_PTR);
+                                          CL_MEM_ALLOC_HOST_PTR | kHostAccessFlags);
   std::shared_ptr<Bulk> init;
   if (r.getInitialData() != 0) {
     size_t region[3];

@@ -550,6 +550,16 @@ cl_mem CL_API_CALL CreateSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_
     SetErr(err, CL_INVALID_VALUE);
     return nullptr;
   }
+  // Host access the parent denies cannot be given back to a sub-buffer (OpenCL 1.2, 5.2.1).
+  const bool host_conflict =
+      ((parent->flags & CL_MEM_HOST_WRITE_ONLY) != 0 && (flags & CL_MEM_HOST_READ_ONLY) != 0) ||
+      ((parent->flags & CL_MEM_HOST_READ_ONLY) != 0 && (flags & CL_MEM_HOST_WRITE_ONLY) != 0) ||
+      ((parent->flags & CL_MEM_HOST_NO_ACCESS) != 0 &&
+       (flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_WRITE_ONLY)) != 0);
+  if (host_conflict) {
+    SetErr(err, CL_INVALID_VALUE);
+    return nullptr;
+  }
   // What the sub-buffer reports (CL_MEM_FLAGS): the flags given, with the access and host
   // access flags not given and the host pointer flags inherited from the parent, as OpenCL
   // requires. The backend gets the flags given, with the parent's access flags when none are.
@@ -1125,6 +1135,22 @@ cl_int CheckMem(cl_command_queue q, cl_mem m) {
   return CL_SUCCESS;
 }
 
+// The host access an object was created with (CL_MEM_HOST_*, a sub-buffer's inherited from its
+// parent): reading or writing it from the host otherwise is CL_INVALID_OPERATION (OpenCL 1.2,
+// 5.2.2, 5.3.3, 5.4.2). Checked here, since the transfers are asynchronous and the backend
+// object is created without these flags (the worker moves the data for the host).
+cl_int CheckHostAccess(cl_mem m, bool read, bool write) {
+  if ((m->flags & CL_MEM_HOST_NO_ACCESS) != 0 && (read || write)) return CL_INVALID_OPERATION;
+  if (read && (m->flags & CL_MEM_HOST_WRITE_ONLY) != 0) return CL_INVALID_OPERATION;
+  if (write && (m->flags & CL_MEM_HOST_READ_ONLY) != 0) return CL_INVALID_OPERATION;
+  return CL_SUCCESS;
+}
+
+cl_int CheckMapAccess(cl_mem m, cl_map_flags flags) {
+  return CheckHostAccess(m, (flags & CL_MAP_READ) != 0,
+                         (flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION)) != 0);
+}
+
 void SetTriple(capnp::List<uint64_t>::Builder l, const size_t v[3]) {
   for (unsigned i = 0; i < 3; ++i) l.set(i, v[i]);
 }
@@ -1143,6 +1169,7 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool, siz
                                       size_t size, const void* ptr, cl_uint nwait,
                                       const cl_event* waits, cl_event* event) {
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
@@ -1162,6 +1189,7 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
                                      size_t size, void* ptr, cl_uint nwait, const cl_event* waits,
                                      cl_event* event) {
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_READ_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
@@ -1179,6 +1207,7 @@ cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
                                           const void* ptr, cl_uint nwait, const cl_event* waits,
                                           cl_event* event) {
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || bo == nullptr || ho == nullptr || region == nullptr) return CL_INVALID_VALUE;
   if (region[0] == 0 || region[1] == 0 || region[2] == 0) return CL_INVALID_VALUE;
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER_RECT);
@@ -1207,6 +1236,7 @@ cl_int CL_API_CALL EnqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool b
                                          size_t brp, size_t bsp, size_t hrp, size_t hsp, void* ptr,
                                          cl_uint nwait, const cl_event* waits, cl_event* event) {
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
   if (ptr == nullptr || bo == nullptr || ho == nullptr || region == nullptr) return CL_INVALID_VALUE;
   if (region[0] == 0 || region[1] == 0 || region[2] == 0) return CL_INVALID_VALUE;
   // The daemon returns the whole host span [0, end): read it into a staging copy and merge only
@@ -1449,6 +1479,7 @@ cl_int CL_API_CALL EnqueueReadImage(cl_command_queue q, cl_mem m, cl_bool blocki
                                     size_t slice_pitch, void* ptr, cl_uint nwait,
                                     const cl_event* waits, cl_event* event) {
   if (cl_int e = CheckImage(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
   if (ptr == nullptr || !ValidTriple(origin) || !ValidTriple(region)) return CL_INVALID_VALUE;
   uint64_t bytes = ImageBytes(m, region, row_pitch, slice_pitch);
   if (bytes == 0) return CL_INVALID_VALUE;
@@ -1462,6 +1493,7 @@ cl_int CL_API_CALL EnqueueWriteImage(cl_command_queue q, cl_mem m, cl_bool, cons
                                      const void* ptr, cl_uint nwait, const cl_event* waits,
                                      cl_event* event) {
   if (cl_int e = CheckImage(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || !ValidTriple(origin) || !ValidTriple(region)) return CL_INVALID_VALUE;
   uint64_t bytes = ImageBytes(m, region, row_pitch, slice_pitch);
   if (bytes == 0) return CL_INVALID_VALUE;
@@ -1560,6 +1592,10 @@ void* CL_API_CALL EnqueueMapImage(cl_command_queue q, cl_mem m, cl_bool blocking
     SetErr(err, CL_INVALID_VALUE);
     return nullptr;
   }
+  if (cl_int e = CheckMapAccess(m, flags); e != CL_SUCCESS) {
+    SetErr(err, e);
+    return nullptr;
+  }
   Mapping map;
   map.flags = flags;
   for (int i = 0; i < 3; ++i) {
@@ -1637,6 +1673,10 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   }
   if (size == 0 || offset > m->size || size > m->size - offset) {
     SetErr(err, CL_INVALID_VALUE);
+    return nullptr;
+  }
+  if (cl_int e = CheckMapAccess(m, flags); e != CL_SUCCESS) {
+    SetErr(err, e);
     return nullptr;
   }
   Mapping map;

@@ -10,6 +10,8 @@
 #include <capnp/message.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -226,6 +228,81 @@ TEST(ConformanceTest, MemFlagsAreTheApplicationsAsNative) {
   EXPECT_EQ(g[5], static_cast<cl_mem_flags>(CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR));
   EXPECT_EQ(g[6], static_cast<cl_mem_flags>(CL_MEM_READ_WRITE | CL_MEM_HOST_READ_ONLY));
   EXPECT_EQ(g[7], static_cast<cl_mem_flags>(CL_MEM_READ_WRITE | CL_MEM_HOST_READ_ONLY));
+}
+
+// ---- host access flags (CL_MEM_HOST_*) ----
+
+// The error codes of host transfers and maps on buffers and a sub-buffer created with each host
+// access flag, and the data a kernel-free round trip leaves (written where allowed, then read
+// where allowed), on `platform`. Sub-buffer flags that contradict the parent's come last.
+std::vector<cl_int> HostAccess(const char* platform) {
+  ClDevice d;
+  EXPECT_TRUE(OpenDevice(platform, d)) << platform;
+  if (!d.ok()) return {};
+  std::vector<cl_int> out;
+  cl_int err = CL_SUCCESS;
+  std::vector<int> data(64, 7), back(64, 0);
+  const size_t bytes = data.size() * sizeof(int);
+  for (cl_mem_flags host : {cl_mem_flags{0}, cl_mem_flags{CL_MEM_HOST_READ_ONLY},
+                            cl_mem_flags{CL_MEM_HOST_WRITE_ONLY},
+                            cl_mem_flags{CL_MEM_HOST_NO_ACCESS}}) {
+    cl_mem parent = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR | host,
+                                   2 * bytes, std::vector<int>(128, 3).data(), &err);
+    EXPECT_EQ(err, CL_SUCCESS);
+    cl_buffer_region region{bytes, bytes};
+    cl_mem sub = clCreateSubBuffer(parent, 0, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    EXPECT_EQ(err, CL_SUCCESS);
+    for (cl_mem m : {parent, sub}) {
+      out.push_back(clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, bytes, data.data(), 0, nullptr,
+                                         nullptr));
+      std::fill(back.begin(), back.end(), 0);
+      out.push_back(clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, bytes, back.data(), 0, nullptr,
+                                        nullptr));
+      out.push_back(back[5]);  // 7 written, 3 from creation, 0 not read
+      for (cl_map_flags mf : {cl_map_flags{CL_MAP_READ}, cl_map_flags{CL_MAP_WRITE},
+                              cl_map_flags{CL_MAP_WRITE_INVALIDATE_REGION}}) {
+        cl_int merr = CL_SUCCESS;
+        void* p = clEnqueueMapBuffer(d.queue, m, CL_TRUE, mf, 0, bytes, 0, nullptr, nullptr, &merr);
+        out.push_back(merr);
+        if (p != nullptr) {
+          if (mf == CL_MAP_READ) out.push_back(static_cast<int*>(p)[5]);
+          EXPECT_EQ(clEnqueueUnmapMemObject(d.queue, m, p, 0, nullptr, nullptr), CL_SUCCESS);
+        }
+      }
+      EXPECT_EQ(clFinish(d.queue), CL_SUCCESS);
+    }
+    clReleaseMemObject(sub);
+    clReleaseMemObject(parent);
+  }
+  // A sub-buffer cannot get back host access its parent denies.
+  for (auto [p, s] : {std::pair<cl_mem_flags, cl_mem_flags>{CL_MEM_HOST_WRITE_ONLY, CL_MEM_HOST_READ_ONLY},
+                      {CL_MEM_HOST_READ_ONLY, CL_MEM_HOST_WRITE_ONLY},
+                      {CL_MEM_HOST_NO_ACCESS, CL_MEM_HOST_READ_ONLY},
+                      {CL_MEM_HOST_READ_ONLY, CL_MEM_HOST_READ_ONLY}}) {
+    cl_mem parent = clCreateBuffer(d.context, CL_MEM_READ_WRITE | p, bytes, nullptr, &err);
+    cl_buffer_region region{0, bytes};
+    cl_mem sub = clCreateSubBuffer(parent, s, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    out.push_back(err);
+    if (sub != nullptr) clReleaseMemObject(sub);
+    clReleaseMemObject(parent);
+  }
+  return out;
+}
+
+TEST(ConformanceTest, HostAccessFlagsRefuseTheHostAsNativelyAndKeepTheData) {
+  auto g = HostAccess(kGmux);
+  auto nat = HostAccess(kNative);
+  EXPECT_EQ(g, nat);
+  ASSERT_FALSE(g.empty());
+  // No flag: write, read (7), three maps, the read map seeing 7; for buffer and sub-buffer.
+  const std::vector<cl_int> open{CL_SUCCESS, CL_SUCCESS, 7, CL_SUCCESS, 7, CL_SUCCESS, CL_SUCCESS};
+  EXPECT_EQ(std::vector<cl_int>(g.begin(), g.begin() + 7), open);
+  // CL_MEM_HOST_READ_ONLY: the write is refused, the read sees the creation data.
+  const std::vector<cl_int> read_only{CL_INVALID_OPERATION, CL_SUCCESS, 3, CL_SUCCESS, 3,
+                                      CL_INVALID_OPERATION, CL_INVALID_OPERATION};
+  EXPECT_EQ(std::vector<cl_int>(g.begin() + 14, g.begin() + 21), read_only);
+  EXPECT_EQ(std::vector<cl_int>(g.end() - 4, g.end()),
+            (std::vector<cl_int>{CL_INVALID_VALUE, CL_INVALID_VALUE, CL_INVALID_VALUE, CL_SUCCESS}));
 }
 
 // ---- clSetMemObjectDestructorCallback ----
