@@ -3,6 +3,7 @@
 // depends on wall-clock timing: orders, results and counts only (deadlines only guard hangs).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -323,18 +324,42 @@ TEST_F(SplitSchedTest, SplitPolicyRunsChunksWithOneEventAndIdenticalResults) {
     }
     cmds.push_back(Launch(t, t == 1 ? qa_ : qb_, t == 1 ? k1 : k2, set, 1, {n, 1, 1}, true, prev));
   }
-  // Both tenants' first launches wait for one gate, so both are active when the policy first
-  // decides (each tenant's commands reach the scheduler from a worker queue of its own: without
-  // the gate, a slow host can finish one tenant's launches before the other's arrive, with
-  // nothing to split against).
+  // Both tenants must be active when the policy first decides, or there is nothing to split
+  // against. Each tenant's commands reach the scheduler from a worker queue of its own, so a
+  // gate alone does not do it: on a loaded host one tenant's launches can all be dispatched
+  // whole before the other's arrive. So a third tenant's two long unsplittable launches fill
+  // both in-flight slots first, and the gate opens only once they hold the device; the
+  // scheduler then sees both tenants' work before a slot frees.
+  s->AddTenant(3, 1, "blocker");
+  auto spin_out = Buffer(n * 4);
+  auto ks = Kernel(prog_, "spin");
+  std::vector<std::shared_ptr<Command>> blockers;
+  std::atomic<int> blockers_done{0};
+  for (int i = 0; i < 2; ++i) {
+    cl_mem inh = din->h, outh = spin_out->h;
+    auto set = [inh, outh](cl_kernel k) {
+      int iters = 20000;
+      Dispatch(k).clSetKernelArg(k, 0, sizeof(cl_mem), &inh);
+      Dispatch(k).clSetKernelArg(k, 1, sizeof(cl_mem), &outh);
+      Dispatch(k).clSetKernelArg(k, 2, sizeof(int), &iters);
+    };
+    auto c = Launch(3, qb_, ks, set, 1, {1 << 14, 1, 1}, false);
+    c->finished = [&blockers_done](cl_int) { blockers_done.fetch_add(1); };
+    blockers.push_back(c);
+  }
+  s->Submit(blockers);
   auto gate = std::make_shared<EventRecord>(999, true, 0);
   cmds[0]->deps.push_back(gate);
   cmds[1]->deps.push_back(gate);
   s->Submit(cmds);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  WaitUntil([&] {
+    auto b = TenantStatus(*s, 3);
+    return !b.is_null() && b.value("dispatches", uint64_t{0}) >= 2;
+  });
   gate->Complete(CL_COMPLETE);
   s->Rescan(gate);
   Drain(*s);
+  WaitUntil([&] { return blockers_done.load() == 2; });
   // A command's event completes in its `finished` callback, just after the scheduler stops
   // counting it as outstanding.
   WaitUntil([&] {
