@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/runtime_env.h"
 
 namespace gmux::testing {
@@ -26,6 +28,40 @@ TEST(ToolsTest, ClinfoShowsTheGmuxPlatformAndDevice) {
   EXPECT_NE(out.find(name, first + 1), std::string::npos) << out;
   EXPECT_EQ(out.find("CL_INVALID"), std::string::npos) << out;
   EXPECT_EQ(out.find("CL_OUT_OF"), std::string::npos) << out;
+}
+
+// `gmux bench` end to end with small sizes, against the test's daemon: every workload ran on
+// both platforms with its results checked (the command fails otherwise), and the JSON has every
+// figure.
+TEST(ToolsTest, GmuxBenchRunsEndToEndWithSmallSizes) {
+  std::string out;
+  ASSERT_EQ(RunShell(std::string("timeout 300 ") + GMUX_CLI_PATH +
+                         " bench --quick --json --repeat 1 --sizes 4K,64K 2>&1",
+                     out),
+            0)
+      << out;
+  auto j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_GT(j["socket_round_trip_us"].get<double>(), 0);
+  for (const char* p : {"native", "gmux"}) {
+    EXPECT_GT(j["launch_us"][p]["p50"].get<double>(), 0) << p;
+    EXPECT_GE(j["launch_us"][p]["p99"].get<double>(), j["launch_us"][p]["p50"].get<double>());
+    EXPECT_GT(j["pipelined_per_s"][p].get<double>(), 0) << p;
+    EXPECT_GT(j["matmul_ms"][p].get<double>(), 0) << p;
+  }
+  ASSERT_EQ(j["transfers"].size(), 2u);
+  EXPECT_EQ(j["transfers"][0]["bytes"], 4096);
+  EXPECT_EQ(j["transfers"][1]["bytes"], 65536);
+  for (const auto& t : j["transfers"]) {
+    EXPECT_GT(t["write_gbps"]["gmux"].get<double>(), 0);
+    EXPECT_GT(t["read_gbps"]["native"].get<double>(), 0);
+  }
+  // The daemon it measured is the test's own (named by $GMUX_SOCKET), not one it started.
+  EXPECT_NE(j["daemon"].get<std::string>(), "started by gmux bench");
+  // Bad input is a clear error and exit 2.
+  EXPECT_EQ(RunShell(std::string(GMUX_CLI_PATH) + " bench --sizes 12Q 2>&1", out) != 0,
+            true);
+  EXPECT_NE(out.find("bad transfer size '12Q'"), std::string::npos) << out;
 }
 
 }  // namespace

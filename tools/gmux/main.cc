@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench.h"
 #include "demo_fairness.h"
 #include "sim/output.h"
 #include "status.h"
@@ -116,6 +117,30 @@ int main(int argc, char** argv) {
       "when run as root). Shares are each tenant's device time in the measured window, from the\n"
       "daemon's profiling; throughput is work-items completed per second. Takes ~1 min.");
 
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Plain OpenCL programs natively and through gmux in one run, with the ratios");
+  gmux::cli::BenchOptions bench_opts;
+  bench->add_option("--socket", bench_opts.socket,
+                    "A running gmuxd's Unix socket (default: $GMUX_SOCKET; with neither, this "
+                    "build's gmuxd is started on a socket of its own for the run)")
+      ->type_name("PATH");
+  bench->add_option("--native", bench_opts.native,
+                    "The native platform: a part of its name (default: the first that is not gmux)");
+  bench->add_option("--sizes", bench_opts.sizes, "Transfer sizes, e.g. 4K,1M,256M")
+      ->delimiter(',')->capture_default_str();
+  bench->add_option("--repeat", bench_opts.repeat,
+                    "Runs of each workload per platform, alternating them; the median is shown")
+      ->capture_default_str()->check(CLI::Range(1, 100));
+  bench->add_flag("--quick", bench_opts.quick,
+                  "Few iterations and transfers up to 1 MiB: checks a host, measures nothing");
+  bench->add_flag("--json", bench_opts.json, "One JSON object instead of the table");
+  bench->footer(
+      "Workloads, each written as an ordinary program writes it (blocking calls, std::vector):\n"
+      "a 1-work-item launch + clFinish (p50, p99), 20,000 launches then one clFinish, blocking\n"
+      "writes and reads of each size, a 512x512 matrix multiply end to end; every result is\n"
+      "checked. Also a 64-byte Unix socket round trip between two processes, the unit of the\n"
+      "latency goal. Exit 1 when a result is wrong or a call fails. Takes about a minute.");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -129,5 +154,6 @@ int main(int argc, char** argv) {
   if (sim_run->parsed()) return RunSim(args);
   if (status->parsed()) return gmux::cli::RunStatus(status_socket, status_json);
   if (fair->parsed()) return gmux::cli::RunDemoFairness(fair_opts);
+  if (bench->parsed()) return gmux::cli::RunBench(bench_opts);
   return 0;
 }

@@ -1,0 +1,490 @@
+#include "bench.h"
+
+#include <CL/cl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace gmux::cli {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
+
+const char* kSource = R"(
+__kernel void tiny(__global int* a) { if (get_global_id(0) == 0) a[0] += 1; }
+__kernel void matmul(__global const float* A, __global const float* B, __global float* C, int n) {
+  int row = get_global_id(1), col = get_global_id(0);
+  float acc = 0.0f;
+  for (int k = 0; k < n; ++k) acc += A[row * n + k] * B[k * n + col];
+  C[row * n + col] = acc;
+})";
+
+// One platform's device, context, in-order queue and program, as a plain program sets them up.
+struct Dev {
+  std::string label;
+  cl_platform_id platform = nullptr;
+  cl_device_id device = nullptr;
+  cl_context ctx = nullptr;
+  cl_command_queue q = nullptr;
+  cl_program prog = nullptr;
+  ~Dev() {
+    if (prog) clReleaseProgram(prog);
+    if (q) clReleaseCommandQueue(q);
+    if (ctx) clReleaseContext(ctx);
+  }
+};
+
+std::string PlatformName(cl_platform_id p) {
+  char buf[256] = {};
+  clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof(buf) - 1, buf, nullptr);
+  return buf;
+}
+
+// An error message, or "".
+std::string Open(cl_platform_id p, const std::string& label, Dev& d) {
+  d.label = label;
+  d.platform = p;
+  if (clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &d.device, nullptr) != CL_SUCCESS) {
+    return label + ": no device";
+  }
+  cl_int err = CL_SUCCESS;
+  d.ctx = clCreateContext(nullptr, 1, &d.device, nullptr, nullptr, &err);
+  if (d.ctx == nullptr) return label + ": clCreateContext failed (" + std::to_string(err) + ")";
+  d.q = clCreateCommandQueue(d.ctx, d.device, 0, &err);
+  if (d.q == nullptr) return label + ": clCreateCommandQueue failed (" + std::to_string(err) + ")";
+  d.prog = clCreateProgramWithSource(d.ctx, 1, &kSource, nullptr, &err);
+  if (d.prog == nullptr || clBuildProgram(d.prog, 1, &d.device, "", nullptr, nullptr) != CL_SUCCESS) {
+    return label + ": the benchmark's kernels did not build";
+  }
+  return "";
+}
+
+struct Failure {
+  std::string what;
+};
+
+void Check(bool ok, const std::string& what) {
+  if (!ok) throw Failure{what};
+}
+
+// Blocking launches of one work-item, each followed by clFinish: per-launch microseconds.
+std::vector<double> LaunchLatencies(Dev& d, int n) {
+  cl_int err = CL_SUCCESS;
+  cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, sizeof(int), nullptr, &err);
+  Check(m != nullptr, d.label + ": clCreateBuffer");
+  int zero = 0;
+  Check(clEnqueueWriteBuffer(d.q, m, CL_TRUE, 0, sizeof(int), &zero, 0, nullptr, nullptr) ==
+            CL_SUCCESS, d.label + ": write");
+  cl_kernel k = clCreateKernel(d.prog, "tiny", &err);
+  clSetKernelArg(k, 0, sizeof(cl_mem), &m);
+  size_t g = 1;
+  std::vector<double> us;
+  us.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    auto s = Clock::now();
+    Check(clEnqueueNDRangeKernel(d.q, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr) ==
+              CL_SUCCESS && clFinish(d.q) == CL_SUCCESS, d.label + ": launch");
+    us.push_back(Seconds(Clock::now() - s) * 1e6);
+  }
+  int got = -1;
+  clEnqueueReadBuffer(d.q, m, CL_TRUE, 0, sizeof(int), &got, 0, nullptr, nullptr);
+  Check(got == n, d.label + ": the launches' result is " + std::to_string(got) + ", want " +
+                      std::to_string(n));
+  clReleaseKernel(k);
+  clReleaseMemObject(m);
+  return us;
+}
+
+// `n` launches enqueued back to back, then one clFinish: launches per second.
+double PipelinedRate(Dev& d, int n) {
+  cl_int err = CL_SUCCESS;
+  cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, sizeof(int), nullptr, &err);
+  int zero = 0;
+  clEnqueueWriteBuffer(d.q, m, CL_TRUE, 0, sizeof(int), &zero, 0, nullptr, nullptr);
+  cl_kernel k = clCreateKernel(d.prog, "tiny", &err);
+  clSetKernelArg(k, 0, sizeof(cl_mem), &m);
+  size_t g = 1;
+  clFinish(d.q);
+  auto s = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    Check(clEnqueueNDRangeKernel(d.q, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr) ==
+              CL_SUCCESS, d.label + ": launch");
+  }
+  Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish");
+  const double rate = n / Seconds(Clock::now() - s);
+  int got = -1;
+  clEnqueueReadBuffer(d.q, m, CL_TRUE, 0, sizeof(int), &got, 0, nullptr, nullptr);
+  Check(got == n, d.label + ": the pipelined launches' result is " + std::to_string(got));
+  clReleaseKernel(k);
+  clReleaseMemObject(m);
+  return rate;
+}
+
+// Blocking writes, then blocking reads, of `bytes` from and into a std::vector: GB/s each.
+std::pair<double, double> Transfer(Dev& d, size_t bytes, size_t total) {
+  cl_int err = CL_SUCCESS;
+  cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, bytes, nullptr, &err);
+  Check(m != nullptr, d.label + ": clCreateBuffer of " + std::to_string(bytes) + " bytes");
+  std::vector<unsigned char> out(bytes), in(bytes);
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(i * 7 + 3);
+  const size_t iters = std::max<size_t>(3, total / bytes);
+  auto s = Clock::now();
+  for (size_t i = 0; i < iters; ++i) {
+    Check(clEnqueueWriteBuffer(d.q, m, CL_TRUE, 0, bytes, out.data(), 0, nullptr, nullptr) ==
+              CL_SUCCESS, d.label + ": write");
+  }
+  const double write = static_cast<double>(bytes * iters) / Seconds(Clock::now() - s) / 1e9;
+  s = Clock::now();
+  for (size_t i = 0; i < iters; ++i) {
+    Check(clEnqueueReadBuffer(d.q, m, CL_TRUE, 0, bytes, in.data(), 0, nullptr, nullptr) ==
+              CL_SUCCESS, d.label + ": read");
+  }
+  const double read = static_cast<double>(bytes * iters) / Seconds(Clock::now() - s) / 1e9;
+  Check(in == out, d.label + ": the data read back differs from what was written");
+  clReleaseMemObject(m);
+  return {write, read};
+}
+
+// A matrix multiply as a program does it: upload A and B, launch, download C (milliseconds).
+double MatmulMs(Dev& d, int n) {
+  const size_t count = static_cast<size_t>(n) * static_cast<size_t>(n);
+  std::vector<float> a(count), b(count), c(count);
+  for (size_t i = 0; i < count; ++i) {
+    a[i] = static_cast<float>(i % 13) * 0.5f;
+    b[i] = static_cast<float>(i % 7) - 3.0f;
+  }
+  auto s = Clock::now();
+  cl_int err = CL_SUCCESS;
+  cl_mem ma = clCreateBuffer(d.ctx, CL_MEM_READ_ONLY, count * 4, nullptr, &err);
+  cl_mem mb = clCreateBuffer(d.ctx, CL_MEM_READ_ONLY, count * 4, nullptr, &err);
+  cl_mem mc = clCreateBuffer(d.ctx, CL_MEM_WRITE_ONLY, count * 4, nullptr, &err);
+  clEnqueueWriteBuffer(d.q, ma, CL_TRUE, 0, count * 4, a.data(), 0, nullptr, nullptr);
+  clEnqueueWriteBuffer(d.q, mb, CL_TRUE, 0, count * 4, b.data(), 0, nullptr, nullptr);
+  cl_kernel k = clCreateKernel(d.prog, "matmul", &err);
+  clSetKernelArg(k, 0, sizeof(cl_mem), &ma);
+  clSetKernelArg(k, 1, sizeof(cl_mem), &mb);
+  clSetKernelArg(k, 2, sizeof(cl_mem), &mc);
+  clSetKernelArg(k, 3, sizeof(int), &n);
+  size_t g[2] = {static_cast<size_t>(n), static_cast<size_t>(n)};
+  Check(clEnqueueNDRangeKernel(d.q, k, 2, nullptr, g, nullptr, 0, nullptr, nullptr) == CL_SUCCESS,
+        d.label + ": matmul launch");
+  Check(clEnqueueReadBuffer(d.q, mc, CL_TRUE, 0, count * 4, c.data(), 0, nullptr, nullptr) ==
+            CL_SUCCESS, d.label + ": matmul read");
+  const double ms = Seconds(Clock::now() - s) * 1e3;
+  for (int row : {0, n / 2, n - 1}) {
+    for (int col : {0, n / 3, n - 1}) {
+      float want = 0;
+      for (int i = 0; i < n; ++i) want += a[row * n + i] * b[i * n + col];
+      Check(std::fabs(c[row * n + col] - want) <= 1e-3f * std::max(1.0f, std::fabs(want)),
+            d.label + ": matmul result differs from the host's");
+    }
+  }
+  clReleaseKernel(k);
+  clReleaseMemObject(ma);
+  clReleaseMemObject(mb);
+  clReleaseMemObject(mc);
+  return ms;
+}
+
+// One 64-byte ping-pong with another process over a Unix socket pair: microseconds, p50.
+double SocketRoundTripUs(int n) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return 0;
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::close(sv[0]);
+    char buf[64];
+    while (::read(sv[1], buf, sizeof(buf)) == static_cast<ssize_t>(sizeof(buf))) {
+      if (::write(sv[1], buf, sizeof(buf)) != static_cast<ssize_t>(sizeof(buf))) break;
+    }
+    ::_exit(0);
+  }
+  ::close(sv[1]);
+  std::vector<double> us;
+  char buf[64] = {};
+  for (int i = 0; i < n; ++i) {
+    auto s = Clock::now();
+    if (::write(sv[0], buf, sizeof(buf)) != static_cast<ssize_t>(sizeof(buf))) break;
+    size_t got = 0;
+    while (got < sizeof(buf)) {
+      ssize_t r = ::read(sv[0], buf + got, sizeof(buf) - got);
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    us.push_back(Seconds(Clock::now() - s) * 1e6);
+  }
+  ::close(sv[0]);
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  return Median(us);
+}
+
+std::optional<size_t> ParseSize(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(s, &pos);
+  } catch (...) {
+    return std::nullopt;
+  }
+  std::string unit = s.substr(pos);
+  size_t mul = 1;
+  if (unit == "K" || unit == "KiB") mul = 1u << 10;
+  else if (unit == "M" || unit == "MiB") mul = 1u << 20;
+  else if (unit == "G" || unit == "GiB") mul = 1u << 30;
+  else if (!unit.empty()) return std::nullopt;
+  if (v == 0 || v > (4ull << 30) / mul) return std::nullopt;
+  return static_cast<size_t>(v * mul);
+}
+
+std::string SizeName(size_t b) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= (1u << 10) && b % (1u << 10) == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+// The daemon this run uses: a running one, or one it starts (and stops).
+struct Daemon {
+  std::string socket;
+  pid_t pid = -1;
+  std::string dir;
+  ~Daemon() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      int st = 0;
+      ::waitpid(pid, &st, 0);
+    }
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+};
+
+}  // namespace
+
+int RunBench(const BenchOptions& o) {
+  std::vector<size_t> sizes;
+  for (const auto& s : o.sizes) {
+    auto b = ParseSize(s);
+    if (!b) {
+      std::cerr << "gmux bench: bad transfer size '" << s << "' (a number with K, M or G)\n";
+      return 2;
+    }
+    sizes.push_back(*b);
+  }
+  if (o.quick) {
+    std::erase_if(sizes, [](size_t b) { return b > (1u << 20); });
+    if (sizes.empty()) sizes = {4096, 1u << 20};
+  }
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+  const std::string icd = (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string();
+
+  Daemon daemon;
+  daemon.socket = o.socket;
+  if (daemon.socket.empty() && std::getenv("GMUX_SOCKET") != nullptr) {
+    daemon.socket = std::getenv("GMUX_SOCKET");
+  }
+  if (daemon.socket.empty()) {
+    // None named: start this build's gmuxd on a socket of its own, with the default config.
+    const std::string gmuxd = (exe.parent_path() / "gmuxd").string();
+    if (!std::filesystem::exists(gmuxd)) {
+      std::cerr << "gmux bench: no daemon named (--socket or $GMUX_SOCKET) and no gmuxd beside "
+                << exe.string() << " to start\n";
+      return 2;
+    }
+    char tmpl[] = "/tmp/gmux-bench-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+      std::cerr << "gmux bench: mkdtemp failed\n";
+      return 1;
+    }
+    daemon.dir = tmpl;
+    daemon.socket = daemon.dir + "/gmuxd.sock";
+    daemon.pid = ::fork();
+    if (daemon.pid == 0) {
+      std::freopen((daemon.dir + "/gmuxd.log").c_str(), "w", stderr);
+      std::freopen("/dev/null", "w", stdout);
+      ::execl(gmuxd.c_str(), gmuxd.c_str(), "--socket", daemon.socket.c_str(), "--exit-after",
+              "3600", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    bool up = false;
+    for (int i = 0; i < 3000 && !up; ++i) {
+      up = std::filesystem::exists(daemon.socket);
+      int st = 0;
+      if (!up && ::waitpid(daemon.pid, &st, WNOHANG) == daemon.pid) {
+        daemon.pid = -1;
+        break;
+      }
+      if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!up) {
+      std::cerr << "gmux bench: the gmuxd it started did not come up (log: " << daemon.dir
+                << "/gmuxd.log)\n";
+      return 1;
+    }
+  }
+  ::setenv("GMUX_SOCKET", daemon.socket.c_str(), 1);
+  // The loader sees both platforms: the application's own vendor list when it has one (it must
+  // then name gmux too), else the system's vendors beside this build's ICD.
+  if (std::getenv("OCL_ICD_VENDORS") == nullptr) {
+    if (daemon.dir.empty()) {
+      char tmpl[] = "/tmp/gmux-bench-XXXXXX";
+      if (::mkdtemp(tmpl) != nullptr) daemon.dir = tmpl;
+    }
+    const std::string vendors = daemon.dir + "/vendors";
+    std::filesystem::create_directories(vendors);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/etc/OpenCL/vendors", ec)) {
+      std::ifstream in(e.path());
+      std::string lib;
+      std::getline(in, lib);
+      if (lib.find("gmux") == std::string::npos) {
+        std::ofstream(vendors + "/" + e.path().filename().string()) << lib << "\n";
+      }
+    }
+    std::ofstream(vendors + "/gmux.icd") << icd << "\n";
+    ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
+  }
+
+  // Measured before any OpenCL call: the echoing process is a fork of this one, which must not
+  // hold the loader's state or the daemon connection.
+  const double rtt = SocketRoundTripUs(o.quick ? 200 : 2000);
+
+  cl_uint np = 0;
+  clGetPlatformIDs(0, nullptr, &np);
+  std::vector<cl_platform_id> ps(np);
+  if (np > 0) clGetPlatformIDs(np, ps.data(), nullptr);
+  cl_platform_id gp = nullptr, npf = nullptr;
+  for (auto p : ps) {
+    const std::string name = PlatformName(p);
+    if (name == "gmux") {
+      gp = p;
+    } else if (npf == nullptr && (o.native.empty() || name.find(o.native) != std::string::npos)) {
+      npf = p;
+    }
+  }
+  if (gp == nullptr || npf == nullptr) {
+    std::cerr << "gmux bench: needs the gmux platform and a native one; the loader lists:";
+    for (auto p : ps) std::cerr << " '" << PlatformName(p) << "'";
+    std::cerr << "\n";
+    return 1;
+  }
+  Dev nat, gm;
+  for (const std::string& e : {Open(npf, "native", nat), Open(gp, "gmux", gm)}) {
+    if (!e.empty()) {
+      std::cerr << "gmux bench: " << e << "\n";
+      return 1;
+    }
+  }
+
+  const int launches = o.quick ? 200 : 2000, pipelined = o.quick ? 2000 : 20000;
+  const size_t total = o.quick ? (4u << 20) : (256u << 20);
+  const int mm = o.quick ? 128 : 512, repeat = std::max(1, o.repeat);
+  json out;
+  out["native_platform"] = PlatformName(npf);
+  out["daemon"] = daemon.pid > 0 ? "started by gmux bench" : daemon.socket;
+  out["repeat"] = repeat;
+  out["socket_round_trip_us"] = rtt;
+  try {
+    // Each workload alternates the platforms `repeat` times; the median run is reported.
+    std::vector<double> p50[2], p99[2], rate[2], mms[2];
+    Dev* devs[2] = {&nat, &gm};
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        auto us = LaunchLatencies(*devs[i], launches);
+        p50[i].push_back(Percentile(us, 0.5));
+        p99[i].push_back(Percentile(us, 0.99));
+      }
+    }
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) rate[i].push_back(PipelinedRate(*devs[i], pipelined));
+    }
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) mms[i].push_back(MatmulMs(*devs[i], mm));
+    }
+    const char* names[2] = {"native", "gmux"};
+    for (int i = 0; i < 2; ++i) {
+      out["launch_us"][names[i]] = {{"p50", Median(p50[i])}, {"p99", Median(p99[i])}};
+      out["pipelined_per_s"][names[i]] = Median(rate[i]);
+      out["matmul_ms"][names[i]] = Median(mms[i]);
+      out["matmul_n"] = mm;
+    }
+    out["transfers"] = json::array();
+    for (size_t b : sizes) {
+      std::vector<double> w[2], rd[2];
+      for (int r = 0; r < repeat; ++r) {
+        for (int i = 0; i < 2; ++i) {
+          auto [wr, re] = Transfer(*devs[i], b, total);
+          w[i].push_back(wr);
+          rd[i].push_back(re);
+        }
+      }
+      out["transfers"].push_back({{"bytes", b},
+                                  {"write_gbps", {{"native", Median(w[0])}, {"gmux", Median(w[1])}}},
+                                  {"read_gbps", {{"native", Median(rd[0])}, {"gmux", Median(rd[1])}}}});
+    }
+  } catch (const Failure& f) {
+    std::cerr << "gmux bench: " << f.what << "\n";
+    return 1;
+  }
+
+  if (o.json) {
+    std::cout << out.dump() << "\n";
+    return 0;
+  }
+  auto row = [](const std::string& what, double n, double g, double ratio, const std::string& goal) {
+    std::printf("%-36s %12.4g %12.4g %8.2f  %s\n", what.c_str(), n, g, ratio, goal.c_str());
+  };
+  std::printf("gmux bench: native platform '%s', daemon %s, median of %d runs\n",
+              out["native_platform"].get<std::string>().c_str(),
+              out["daemon"].get<std::string>().c_str(), repeat);
+  std::printf("%-36s %12s %12s %8s  %s\n", "measure", "native", "gmux", "ratio", "goal");
+  const double ln = out["launch_us"]["native"]["p50"], lg = out["launch_us"]["gmux"]["p50"];
+  row("blocking launch + clFinish p50 (us)", ln, lg, lg / ln,
+      "added " + std::to_string(static_cast<int>(lg - ln)) + " us = " +
+          std::to_string(rtt > 0 ? (lg - ln) / rtt : 0).substr(0, 4) + " round trips; <= 1");
+  const double qn = out["launch_us"]["native"]["p99"], qg = out["launch_us"]["gmux"]["p99"];
+  row("blocking launch + clFinish p99 (us)", qn, qg, qg / qn, "");
+  const double rn = out["pipelined_per_s"]["native"], rg = out["pipelined_per_s"]["gmux"];
+  row("pipelined launches (1/s)", rn, rg, rg / rn, ">= 0.5");
+  for (const auto& t : out["transfers"]) {
+    const std::string size = SizeName(t["bytes"].get<size_t>());
+    const double wn = t["write_gbps"]["native"], wg = t["write_gbps"]["gmux"];
+    const double dn = t["read_gbps"]["native"], dg = t["read_gbps"]["gmux"];
+    row("blocking write " + size + " (GB/s)", wn, wg, wg / wn, ">= 0.9");
+    row("blocking read " + size + " (GB/s)", dn, dg, dg / dn, ">= 0.9");
+  }
+  const double mn = out["matmul_ms"]["native"], mg = out["matmul_ms"]["gmux"];
+  row(std::to_string(mm) + "^2 matmul end to end (ms)", mn, mg, mg / mn, "<= 1.02");
+  std::printf("%-36s %12.1f\n", "Unix socket round trip p50 (us)", rtt);
+  return 0;
+}
+
+}  // namespace gmux::cli
