@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -44,7 +45,10 @@ std::string Quote(const std::string& t) {
   return plain ? t : "\"" + t + "\"";
 }
 
+// Regular files only: a directory, FIFO or device under an -I directory is not a header.
 bool ReadFile(const std::string& path, std::string& out) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
   std::ifstream f(path, std::ios::binary);
   if (!f) return false;
   std::ostringstream ss;

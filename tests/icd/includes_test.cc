@@ -120,6 +120,16 @@ TEST_F(IncludesTest, RelativeDirectoriesAreTheApplicationsAndNothingLeavesItsTre
   EXPECT_EQ(s.dirs, 1u);
 }
 
+TEST_F(IncludesTest, OnlyRegularFilesAreHeaders) {
+  Write("d/sub/x.h", "x");
+  ASSERT_EQ(::mkfifo((dir_ + "/d/pipe.h").c_str(), 0600), 0);
+  // A directory and a FIFO named like headers are not read (reading the FIFO would block).
+  auto s = CollectIncludes("-I" + dir_ + "/d", {"#include \"sub\"\n#include \"pipe.h\"\n"
+                                                "#include \"sub/x.h\""});
+  ASSERT_EQ(s.files.size(), 1u);
+  EXPECT_EQ(s.files[0].name, "sub/x.h");
+}
+
 TEST_F(IncludesTest, StopsAtItsBounds) {
   std::string src;
   for (size_t i = 0; i < kMaxIncludeFiles + 10; ++i) {
