@@ -22,6 +22,9 @@ Status CreditPolicyOptions::Validate() const {
   if (num_cap < 0) return InvalidArgument("credit: num_cap must be >= 0");
   if (!(carry_intervals >= 0)) return InvalidArgument("credit: carry_intervals must be >= 0");
   if (idle_grace.count() < 0) return InvalidArgument("credit: idle_grace_ms must be >= 0");
+  if (chunk.count() < 0) return InvalidArgument("credit: chunk_ms must be >= 0");
+  if (chunk_min.count() <= 0) return InvalidArgument("credit: chunk_min_ms must be > 0");
+  if (think_grace_max.count() < 0) return InvalidArgument("credit: think_grace_max_ms must be >= 0");
   return Status::Ok();
 }
 
@@ -48,6 +51,11 @@ Result<CreditPolicyOptions> CreditPolicyOptionsFromSpec(const PolicySpec& spec) 
   GMUX_ASSIGN_OR_RETURN(double idle_grace_ms, params.Number("idle_grace_ms", 1, 0, kMaxMs));
   GMUX_ASSIGN_OR_RETURN(int64_t per_round, params.Integer("charge_per_round", 0, 0, 1));
   GMUX_ASSIGN_OR_RETURN(int64_t wall, params.Integer("time_g_wall", 0, 0, 1));
+  GMUX_ASSIGN_OR_RETURN(int64_t owed, params.Integer("owed_first", 1, 0, 1));
+  GMUX_ASSIGN_OR_RETURN(int64_t split, params.Integer("split_kernels", 1, 0, 1));
+  GMUX_ASSIGN_OR_RETURN(double chunk_ms, params.Number("chunk_ms", 0, 0, kMaxMs));
+  GMUX_ASSIGN_OR_RETURN(double chunk_min_ms, params.Number("chunk_min_ms", 0.5, 1e-3, kMaxMs));
+  GMUX_ASSIGN_OR_RETURN(double think_max_ms, params.Number("think_grace_max_ms", 4, 0, kMaxMs));
   GMUX_RETURN_IF_ERROR(params.Finish());
   o.time_g = Milliseconds(time_g_ms);
   o.slice_max = Milliseconds(slice_max_ms);
@@ -55,6 +63,11 @@ Result<CreditPolicyOptions> CreditPolicyOptionsFromSpec(const PolicySpec& spec) 
   o.idle_grace = Milliseconds(idle_grace_ms);
   o.charge_per_round = per_round == 1;
   o.time_g_wall = wall == 1;
+  o.owed_first = owed == 1;
+  o.split_kernels = split == 1;
+  o.chunk = Milliseconds(chunk_ms);
+  o.chunk_min = Milliseconds(chunk_min_ms);
+  o.think_grace_max = Milliseconds(think_max_ms);
   GMUX_RETURN_IF_ERROR(o.Validate());
   return o;
 }
@@ -89,6 +102,7 @@ void CreditPolicy::RemoveTenant(TenantId tenant, TimePoint now) {
     if (t.eligible) eligible_.erase(t.rank);
     if (t.claiming) --claiming_;
     total_pending_ -= t.channel.size();
+    total_in_flight_ -= std::min(total_in_flight_, t.in_flight);
     order_[t.rank] = kNoTenant;
     if (turn_tenant_ == tenant) turn_open_ = false;
     tenants_.erase(it);
@@ -101,7 +115,24 @@ void CreditPolicy::Submit(const CommandBlock& block, TimePoint now) {
   auto it = tenants_.find(block.tenant);
   assert(it != tenants_.end());
   TenantState& t = it->second;
-  t.channel.push_back({block.id, block.work_items});
+  // Think time: the gap between going quiet and the next command (closed-loop tenants). A gap
+  // far past the cap is a tenant that was really idle; it counts at twice the cap.
+  if (t.quiet && t.ever_quiet) {
+    const int64_t gap = std::min<int64_t>((now - t.quiet_since).count(),
+                                          2 * std::max<int64_t>(options_.think_grace_max.count(),
+                                                                options_.idle_grace.count()));
+    t.think_ns += (std::max<int64_t>(0, gap) - t.think_ns) / 4;
+  }
+  t.quiet = false;
+  // Only whole work-groups can be cut off a launch: a granule is one of its `work_groups`
+  // equal parts (model.h), and a launch of one granule runs whole.
+  uint64_t granule = 0;
+  if (options_.split_kernels && block.kind == BlockKind::kKernel &&
+      block.splittable == Splittable::kYes && block.work_groups > 1 &&
+      block.work_items % block.work_groups == 0) {
+    granule = block.work_items / block.work_groups;
+  }
+  t.channel.push_back({block.id, block.work_items, granule, 0, block.kind == BlockKind::kKernel});
   ++total_pending_;
   // req[i] += 1 (Section 4.2); the Eq. (2) inputs of the current interval.
   if (block.kind == BlockKind::kCopy) t.copy_bytes += block.bytes;
@@ -114,16 +145,36 @@ void CreditPolicy::Complete(const Completion& done, TimePoint now) {
   auto it = tenants_.find(done.tenant);
   if (it != tenants_.end()) {
     TenantState& t = it->second;
-    if (t.in_flight > 0) --t.in_flight;
+    if (t.in_flight > 0) {
+      --t.in_flight;
+      --total_in_flight_;
+    }
     const int64_t d = std::max<int64_t>(0, done.device_time.count());
+    if (done.range.size() > 0) {
+      // Kernel cost per work-item, for chunk sizes (a chunk of k items costs about k · item_ns).
+      const double per_item = static_cast<double>(d) / static_cast<double>(done.range.size());
+      t.item_ns = t.item_ns <= 0 ? per_item : t.item_ns + (per_item - t.item_ns) / 4;
+    }
+    t.open_block_ns += d;
+    if (done.last) {
+      t.block_ns = t.block_ns == 0 ? t.open_block_ns : t.block_ns + (t.open_block_ns - t.block_ns) / 4;
+      t.open_block_ns = 0;
+    }
+    auto unsplit = std::find(t.unsplit_in_flight.begin(), t.unsplit_in_flight.end(), done.block);
+    if (unsplit != t.unsplit_in_flight.end()) {
+      t.unsplit_kernel_ns += d;
+      t.unsplit_in_flight.erase(unsplit);
+    }
     if (!options_.charge_per_round) Charge(t, d);
     served_ns_ += d;
     t.est_block_ns += (d - t.est_block_ns) / 4;
     if (turn_open_ && turn_tenant_ == done.tenant) turn_used_ns_ += d;
     // A credit holder whose last block just finished is probably about to submit the next one
     // (closed loop); its capacity is not spare until idle_grace has passed.
-    if (t.channel.empty() && t.in_flight == 0 && t.credit1_ns > 0) {
-      grace_until_ = std::max(grace_until_, now + options_.idle_grace);
+    if (t.channel.empty() && t.in_flight == 0) {
+      t.quiet = true;
+      t.ever_quiet = true;
+      t.quiet_since = now;
     }
     Refresh(t);
   }
@@ -158,16 +209,51 @@ std::optional<TimePoint> CreditPolicy::NextTimer() const {
   if (!started_ || total_pending_ == 0) return std::nullopt;
   std::optional<TimePoint> next;
   if (options_.time_g_wall) next = interval_end_;
-  if (grace_until_ > last_now_ && (!next || grace_until_ < *next)) next = grace_until_;
+  std::optional<TimePoint> grace = HolderGraceEnd(last_now_);
+  if (grace && (!next || *grace < *next)) next = grace;
+  if (hold_until_ > last_now_ && (!next || hold_until_ < *next)) next = hold_until_;
   return next;
 }
 
 std::optional<Dispatch> CreditPolicy::Pick(TimePoint now) {
   AdvanceTo(now);
+  if (options_.owed_first) {
+    std::optional<TenantId> next = MostOwed();
+    if (!next) {
+      // Replenishment trigger (b), as below.
+      if (total_pending_ == 0 || claiming_ > 0 || HolderGraceEnd(now)) return std::nullopt;
+      Replenish(now, Trigger::kSpareCapacity);
+      next = MostOwed();
+      if (!next) return std::nullopt;
+    }
+    TenantState& t = tenants_.at(*next);
+    // A closed-loop tenant between a completion and its next command, owed more than the
+    // candidate: keep the device's queue to what is already running, so its next command starts
+    // after that and not after another tenant's queued work too. The device never idles for it.
+    if (total_in_flight_ > 0) {
+      const double owed = Owed(t);
+      std::optional<TimePoint> hold;
+      for (const auto& [id, other] : tenants_) {
+        if (id == *next || other.credit1_ns <= 0 || !Thinking(other, now) || !(Owed(other) > owed)) {
+          continue;
+        }
+        const TimePoint end = other.quiet_since + Duration(GraceNs(other));
+        if (!hold || end < *hold) hold = end;
+      }
+      if (hold) {
+        hold_until_ = *hold;
+        return std::nullopt;
+      }
+    }
+    turn_tenant_ = *next;
+    cursor_rank_ = t.rank;
+    if (options_.charge_per_round) Charge(t, credit_value().count());
+    return DispatchHead(*next, t, now);
+  }
   if (turn_open_) {
     auto it = tenants_.find(turn_tenant_);
     if (it != tenants_.end() && CanContinueTurn(it->second)) {
-      return DispatchHead(turn_tenant_, it->second);
+      return DispatchHead(turn_tenant_, it->second, now);
     }
     turn_open_ = false;
   }
@@ -176,7 +262,7 @@ std::optional<Dispatch> CreditPolicy::Pick(TimePoint now) {
     // Nobody with status 1 has work. Replenishment trigger (b) needs a tenant with pending
     // blocks (all of them have credit1 = 0 here) and spare capacity: no credit holder has work
     // queued or executing, and none went quiet less than idle_grace ago.
-    if (total_pending_ == 0 || claiming_ > 0 || now < grace_until_) return std::nullopt;
+    if (total_pending_ == 0 || claiming_ > 0 || HolderGraceEnd(now)) return std::nullopt;
     Replenish(now, Trigger::kSpareCapacity);
     next = NextEligible();
     assert(next.has_value());
@@ -190,7 +276,7 @@ std::optional<Dispatch> CreditPolicy::Pick(TimePoint now) {
   cursor_rank_ = t.rank;
   // Paper-literal accounting (Algorithm 1 step 28): one credit per round, whatever it runs.
   if (options_.charge_per_round) Charge(t, credit_value().count());
-  return DispatchHead(*next, t);
+  return DispatchHead(*next, t, now);
 }
 
 bool CreditPolicy::ExpressOk(TenantId tenant, TimePoint now) const {
@@ -199,7 +285,7 @@ bool CreditPolicy::ExpressOk(TenantId tenant, TimePoint now) const {
   for (const auto& [id, t] : tenants_) {
     if (id != tenant && (!t.channel.empty() || t.in_flight > 0)) return false;
   }
-  return it->second.credit1_ns > 0 || now >= grace_until_;
+  return it->second.credit1_ns > 0 || !HolderGraceEnd(now, tenant);
 }
 
 void CreditPolicy::Express(const CommandBlock& block, TimePoint now) {
@@ -209,7 +295,7 @@ void CreditPolicy::Express(const CommandBlock& block, TimePoint now) {
   assert(t.channel.size() == 1);
   // Out of credit: replenishment trigger (b), exactly when Pick() would fire it, so a lone
   // tenant's debt is repaid as on the ordinary path instead of piling up while it runs alone.
-  if (t.credit1_ns <= 0 && claiming_ == 0 && now >= grace_until_) {
+  if (t.credit1_ns <= 0 && claiming_ == 0 && !HolderGraceEnd(now)) {
     Replenish(now, Trigger::kSpareCapacity);
   }
   if (!turn_open_ || turn_tenant_ != block.tenant) {
@@ -221,7 +307,7 @@ void CreditPolicy::Express(const CommandBlock& block, TimePoint now) {
     cursor_rank_ = t.rank;
     if (options_.charge_per_round) Charge(t, credit_value().count());
   }
-  DispatchHead(block.tenant, t);
+  DispatchHead(block.tenant, t, now);
 }
 
 CreditTenantView CreditPolicy::View(TenantId tenant) const {
@@ -236,6 +322,11 @@ CreditTenantView CreditPolicy::View(TenantId tenant) const {
   v.eq2_factor = t.eq2_factor;
   v.pending = t.channel.size();
   v.in_flight = t.in_flight;
+  v.think = Duration(t.think_ns);
+  v.grace = Duration(GraceNs(t));
+  v.block_time = Duration(t.block_ns);
+  v.chunks = t.chunks;
+  v.unsplit_kernel_time = Duration(t.unsplit_kernel_ns);
   return v;
 }
 
@@ -277,7 +368,7 @@ void CreditPolicy::Replenish(TimePoint now, Trigger trigger) {
     if (best != INT64_MAX) rounds = best;
   }
   for (auto& [id, t] : tenants_) {
-    TopUp(t, rounds * t.credit2_ns);
+    TopUp(t, rounds * t.credit2_ns, now);
     // The next interval's Eq. (2) inputs start from what is outstanding now.
     t.copy_bytes = 0;
     t.peak_outstanding = t.channel.size() + t.in_flight;
@@ -383,7 +474,7 @@ void CreditPolicy::ComputeAllocations(TimePoint now) {
   }
 }
 
-void CreditPolicy::TopUp(TenantState& t, int64_t amount_ns) {
+void CreditPolicy::TopUp(TenantState& t, int64_t amount_ns, TimePoint now) {
   if (amount_ns <= 0) return;
   const int64_t repaid = std::min(t.debt_ns, amount_ns);
   t.debt_ns -= repaid;
@@ -392,7 +483,7 @@ void CreditPolicy::TopUp(TenantState& t, int64_t amount_ns) {
   t.credit1_ns += amount_ns;
   // Banking is capped only for tenants with nothing pending: a backlogged tenant's credits grew
   // because the device was busy with someone else's (long) block, and they are owed.
-  if (t.channel.empty()) {
+  if (t.channel.empty() && t.in_flight == 0 && !Thinking(t, now)) {
     const auto cap = static_cast<int64_t>(
         std::llround((1.0 + options_.carry_intervals) * static_cast<double>(t.credit2_ns)));
     t.credit1_ns = std::min(t.credit1_ns, std::max<int64_t>(cap, 1));
@@ -447,15 +538,39 @@ bool CreditPolicy::CanContinueTurn(const TenantState& t) const {
   return turn_used_ns_ + in_flight_estimate < t.slice_ns;
 }
 
-Dispatch CreditPolicy::DispatchHead(TenantId id, TenantState& t) {
+Dispatch CreditPolicy::DispatchHead(TenantId id, TenantState& t, TimePoint now) {
   assert(!t.channel.empty());
-  Entry e = t.channel.front();
-  t.channel.pop_front();  // req[i] -= 1
-  --total_pending_;
+  Entry& e = t.channel.front();
+  const uint64_t begin = e.next;
+  uint64_t end = e.work_items;
+  // A bounded slice: a splittable kernel runs in chunks of about ChunkTarget() of device time
+  // while another tenant wants the device, sized from this tenant's measured time per
+  // work-item (one granule while nothing is measured yet). Alone, it runs whole.
+  if (e.granule > 0 && OthersActive(id, now)) {
+    uint64_t steps = 1;
+    if (t.item_ns > 0) {
+      const double per_step = t.item_ns * static_cast<double>(e.granule);
+      steps = static_cast<uint64_t>(
+          std::max(1.0, std::floor(static_cast<double>(ChunkTarget(now).count()) / per_step)));
+    }
+    const uint64_t remaining = e.work_items - begin;
+    if (steps < remaining / e.granule) end = begin + steps * e.granule;
+  }
+  const bool last = end == e.work_items;
+  if (!last || begin > 0) ++t.chunks;
+  if (e.kernel && e.granule == 0) t.unsplit_in_flight.push_back(e.block);
+  const Dispatch d{id, e.block, WorkRange{begin, end}, last};
+  if (last) {
+    t.channel.pop_front();  // req[i] -= 1
+    --total_pending_;
+  } else {
+    e.next = end;
+  }
   ++t.in_flight;
+  ++total_in_flight_;
   ++turn_blocks_;
   Refresh(t);
-  return Dispatch{id, e.block, WorkRange{0, e.work_items}, true};
+  return d;
 }
 
 std::optional<TenantId> CreditPolicy::NextEligible() const {
@@ -463,6 +578,74 @@ std::optional<TenantId> CreditPolicy::NextEligible() const {
   auto it = cursor_rank_ == UINT32_MAX ? eligible_.end() : eligible_.upper_bound(cursor_rank_);
   if (it == eligible_.end()) it = eligible_.begin();
   return order_[*it];
+}
+
+double CreditPolicy::Owed(const TenantState& t) {
+  return static_cast<double>(t.credit1_ns) / static_cast<double>(std::max<int64_t>(1, t.credit2_ns));
+}
+
+std::optional<TenantId> CreditPolicy::MostOwed() const {
+  // The eligible tenant with the largest part of its allocation left; ties go round robin from
+  // the last tenant served (DomID_Num order).
+  if (eligible_.empty()) return std::nullopt;
+  auto start = cursor_rank_ == UINT32_MAX ? eligible_.end() : eligible_.upper_bound(cursor_rank_);
+  if (start == eligible_.end()) start = eligible_.begin();
+  std::optional<TenantId> best;
+  double best_owed = 0;
+  auto it = start;
+  do {
+    const TenantId id = order_[*it];
+    const double owed = Owed(tenants_.at(id));
+    if (!best || owed > best_owed) {
+      best = id;
+      best_owed = owed;
+    }
+    if (++it == eligible_.end()) it = eligible_.begin();
+  } while (it != start);
+  return best;
+}
+
+int64_t CreditPolicy::GraceNs(const TenantState& t) const {
+  // Four measured think times, at least idle_grace, at most think_grace_max.
+  const int64_t floor = options_.idle_grace.count();
+  const int64_t cap = std::max(floor, options_.think_grace_max.count());
+  return std::clamp<int64_t>(4 * t.think_ns, floor, cap);
+}
+
+bool CreditPolicy::Thinking(const TenantState& t, TimePoint now) const {
+  return t.quiet && t.ever_quiet && now < t.quiet_since + Duration(GraceNs(t));
+}
+
+std::optional<TimePoint> CreditPolicy::HolderGraceEnd(TimePoint now, TenantId except) const {
+  // A credit holder that went quiet less than its grace ago is probably about to submit again
+  // (closed loop): its capacity is not spare yet.
+  std::optional<TimePoint> end;
+  for (const auto& [id, t] : tenants_) {
+    if (id == except || t.credit1_ns <= 0 || !Thinking(t, now)) continue;
+    const TimePoint at = t.quiet_since + Duration(GraceNs(t));
+    if (!end || at < *end) end = at;
+  }
+  return end;
+}
+
+bool CreditPolicy::OthersActive(TenantId id, TimePoint now) const {
+  for (const auto& [other, t] : tenants_) {
+    if (other != id && (!t.channel.empty() || t.in_flight > 0 || Thinking(t, now))) return true;
+  }
+  return false;
+}
+
+Duration CreditPolicy::ChunkTarget(TimePoint now) const {
+  if (options_.chunk.count() > 0) return options_.chunk;
+  // Adaptive: the shortest whole-block time among the tenants that want the device, so a
+  // tenant with short launches waits about one of its own launches, not one of the others'.
+  int64_t shortest = options_.slice_max.count();
+  for (const auto& [id, t] : tenants_) {
+    const bool active = !t.channel.empty() || t.in_flight > 0 || Thinking(t, now);
+    if (active && t.block_ns > 0) shortest = std::min(shortest, t.block_ns);
+  }
+  return Duration(std::clamp<int64_t>(shortest, options_.chunk_min.count(),
+                                      std::max(options_.chunk_min.count(), options_.slice_max.count())));
 }
 
 }  // namespace gmux::core

@@ -91,6 +91,13 @@ struct CreditPolicyOptions {
                                                        // capacity counts as spare (idle_grace_ms)
   bool charge_per_round = false;           // paper-literal: 1 credit per turn (charge_per_round)
   bool time_g_wall = false;                // TIME_G counts wall time, not device time (time_g_wall)
+  // Bounded slices and closed loops (docs/policies.md, credit, "Slices and closed loops").
+  bool owed_first = true;                  // next dispatch: most credit left (owed_first)
+  bool split_kernels = true;               // cut splittable kernels into chunks (split_kernels)
+  Duration chunk{0};                       // chunk target; 0 = adaptive (chunk_ms)
+  Duration chunk_min = std::chrono::microseconds(500);  // floor of the adaptive target (chunk_min_ms)
+  Duration think_grace_max = std::chrono::milliseconds(4);  // cap on a tenant's think grace
+                                                            // (think_grace_max_ms)
 
   Status Validate() const;
 };
@@ -109,6 +116,11 @@ struct CreditTenantView {
   double eq2_factor = 0;  // f_i = e^{b_i m_i} + NUM_i at the last replenishment
   size_t pending = 0;     // req[i]
   size_t in_flight = 0;
+  Duration think{0};      // measured think time (moving average of completion-to-submit gaps)
+  Duration grace{0};      // how long it counts as backlogged after going quiet
+  Duration block_time{0}; // moving average of device time per whole block
+  uint64_t chunks = 0;    // dispatches that ran part of a block
+  Duration unsplit_kernel_time{0};  // device time of kernels that could not be split
 };
 
 class CreditPolicy final : public Policy {
@@ -143,11 +155,16 @@ class CreditPolicy final : public Policy {
   }
   // Tenant ids in DomID_Num order (descending CPU time) as of the last replenishment.
   std::vector<TenantId> Order() const;
+  // Device time a dispatch of a splittable kernel aims at now (options.chunk, or adaptive).
+  Duration ChunkTarget(TimePoint now) const;
 
  private:
   struct Entry {
     BlockId block;
     uint64_t work_items;
+    uint64_t granule;      // work-items per chunk step; 0: dispatched whole
+    uint64_t next = 0;     // first work-item not yet dispatched
+    bool kernel = false;
   };
   struct TenantState {
     Tenant info;
@@ -164,6 +181,16 @@ class CreditPolicy final : public Policy {
     uint64_t copy_bytes = 0;
     uint64_t memory_bytes = 0;
     bool active = false;  // submitted or had work outstanding in the current interval
+    TimePoint quiet_since{};  // when its last outstanding block completed
+    bool quiet = true;        // nothing pending or in flight since quiet_since
+    bool ever_quiet = false;  // quiet_since is set
+    int64_t think_ns = 0;     // moving average of quiet_since -> next Submit gaps
+    int64_t block_ns = 0;     // moving average of device time per whole block
+    int64_t open_block_ns = 0;  // device time of the block whose chunks are completing
+    double item_ns = 0;       // moving average of kernel device time per work-item
+    uint64_t chunks = 0;
+    int64_t unsplit_kernel_ns = 0;
+    std::vector<BlockId> unsplit_in_flight;  // dispatched kernels that could not be split
     // Time slice inputs.
     int64_t cpu_cumulative_ns = 0;
     int64_t cpu_period_start_ns = 0;
@@ -178,13 +205,22 @@ class CreditPolicy final : public Policy {
   void Replenish(TimePoint now, Trigger trigger);
   void ComputeSlicesAndOrder();
   void ComputeAllocations(TimePoint now);
-  void TopUp(TenantState& t, int64_t amount_ns);
+  void TopUp(TenantState& t, int64_t amount_ns, TimePoint now);
   void Charge(TenantState& t, int64_t cost_ns);
   void Refresh(TenantState& t);
   void RebuildSets();
   bool CanContinueTurn(const TenantState& t) const;
-  Dispatch DispatchHead(TenantId id, TenantState& t);
+  Dispatch DispatchHead(TenantId id, TenantState& t, TimePoint now);
   std::optional<TenantId> NextEligible() const;
+  std::optional<TenantId> MostOwed() const;
+  int64_t GraceNs(const TenantState& t) const;
+  bool Thinking(const TenantState& t, TimePoint now) const;
+  bool OthersActive(TenantId id, TimePoint now) const;
+  // The earliest end of a thinking credit holder's grace (nullopt: none is thinking).
+  std::optional<TimePoint> HolderGraceEnd(TimePoint now, TenantId except = kNoTenant) const;
+  static double Owed(const TenantState& t);
+  size_t total_in_flight_ = 0;
+  TimePoint hold_until_{};  // a Pick() held a slot for a thinking tenant until then
 
   CreditPolicyOptions options_;
   DeviceInfo device_;
@@ -208,7 +244,6 @@ class CreditPolicy final : public Policy {
   TimePoint interval_end_{};
   int64_t time_g_ns_ = 0;
   int64_t served_ns_ = 0;  // device time completed since the last replenishment
-  TimePoint grace_until_{};
   TimePoint last_now_{};
   uint64_t interval_replenishments_ = 0;
   uint64_t spare_replenishments_ = 0;

@@ -6,7 +6,7 @@
 //   kind = "kernel"            name, description, seed, policies, duration_s | repetitions,
 //                              window_s, lambda_metric, record_completions, max_duration_s
 //   [device]                   count, compute_units, wavefront_width, memory_bytes,
-//                              bus_bytes_per_s, dispatch_overhead_s
+//                              bus_bytes_per_s, dispatch_overhead_s, inflight
 //   [policy.NAME]              numeric parameters handed to core::MakePolicy
 //   [workload.NAME]            type = frames | matmul | sobel | binomial | kernel, plus its keys
 //   [[experiment]]             name, tenants = N | [N, ...] (a sweep), workloads, weights,
@@ -74,6 +74,7 @@ struct Scenario {
   bool record_completions = true;
   double max_duration_s = 3600;
   uint32_t devices = 1;
+  uint32_t inflight = 1;
   core::DeviceInfo device;
   double dispatch_overhead_s = 0;
   std::map<std::string, std::map<std::string, double>> policy_params;
@@ -378,7 +379,7 @@ Result<Scenario> Parse(const TomlDoc& doc) {
   if (device != nullptr) {
     GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*device, {"count", "compute_units", "wavefront_width",
                                                 "memory_bytes", "bus_bytes_per_s",
-                                                "dispatch_overhead_s"}));
+                                                "dispatch_overhead_s", "inflight"}));
     GMUX_ASSIGN_OR_RETURN(int64_t count, doc.Integer(*device, "count", 1, 1, 4096));
     sc.devices = static_cast<uint32_t>(count);
     GMUX_ASSIGN_OR_RETURN(int64_t cu, doc.Integer(*device, "compute_units", 32, 1, 1 << 24));
@@ -389,6 +390,8 @@ Result<Scenario> Parse(const TomlDoc& doc) {
     sc.device.memory_bytes = static_cast<uint64_t>(mem);
     GMUX_ASSIGN_OR_RETURN(sc.device.bus_bytes_per_s, doc.Number(*device, "bus_bytes_per_s", 16e9, 0.0, 1e15));
     GMUX_ASSIGN_OR_RETURN(sc.dispatch_overhead_s, doc.Number(*device, "dispatch_overhead_s", 0.0, 0.0, 10.0));
+    GMUX_ASSIGN_OR_RETURN(int64_t inflight, doc.Integer(*device, "inflight", 1, 1, 64));
+    sc.inflight = static_cast<uint32_t>(inflight);
   } else {
     sc.device.compute_units = 32;
     sc.device.wavefront_width = 64;
@@ -499,6 +502,7 @@ Result<RunResult> RunOne(const TomlDoc& doc, const Scenario& sc, const Variant& 
     o.window = FromSeconds(sc.window_s);
     o.seed = Mix(v.seed, static_cast<uint64_t>(rep));
     o.devices = sc.devices;
+    o.inflight = sc.inflight;
     o.dispatch_overhead = FromSeconds(sc.dispatch_overhead_s);
     o.device = sc.device;
     o.record_completions = true;

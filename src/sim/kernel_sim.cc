@@ -53,6 +53,7 @@ Status KernelSimOptions::Validate() const {
   }
   if (window.count() <= 0) return InvalidArgument("window must be > 0");
   if (devices == 0) return InvalidArgument("devices must be >= 1");
+  if (inflight == 0) return InvalidArgument("inflight must be >= 1");
   if (dispatch_overhead.count() < 0) return InvalidArgument("dispatch_overhead must be >= 0");
   if (max_events == 0) return InvalidArgument("max_events must be > 0");
   return Status::Ok();
@@ -157,42 +158,53 @@ Status KernelSim::CheckDispatch(const core::Dispatch& d, BlockState** out) const
 }
 
 Status KernelSim::DispatchIdle() {
-  for (uint32_t dev = 0; dev < devices_.size(); ++dev) {
-    if (devices_[dev].busy) continue;
-    std::optional<core::Dispatch> d = policy_.Pick(now_);
-    if (!d) return Status::Ok();
-    BlockState* b = nullptr;
-    GMUX_RETURN_IF_ERROR(CheckDispatch(*d, &b));
-    b->next_offset = d->range.end;
-    auto& t = tenants_[d->tenant];
-    if (d->last) {
-      b->fully_dispatched = true;
-      t.undispatched.pop_front();
+  // One slot per device per pass, so the devices fill evenly.
+  for (uint32_t level = 0; level < options_.inflight; ++level) {
+    for (uint32_t dev = 0; dev < devices_.size(); ++dev) {
+      if (devices_[dev].queue.size() > level) continue;
+      std::optional<core::Dispatch> d = policy_.Pick(now_);
+      if (!d) return Status::Ok();
+      BlockState* b = nullptr;
+      GMUX_RETURN_IF_ERROR(CheckDispatch(*d, &b));
+      b->next_offset = d->range.end;
+      auto& t = tenants_[d->tenant];
+      if (d->last) {
+        b->fully_dispatched = true;
+        t.undispatched.pop_front();
+      }
+      ++t.result.dispatches;
+      auto& device = devices_[dev];
+      device.queue.push_back(*d);
+      if (device.queue.size() == 1) StartHead(dev);
     }
-    const double fraction =
-        b->work_items == 0 ? 1.0
-                           : static_cast<double>(d->range.size()) / static_cast<double>(b->work_items);
-    Duration run = FromSeconds(b->cost_s * fraction) + options_.dispatch_overhead;
-    auto& device = devices_[dev];
-    device.busy = true;
-    device.started = now_;
-    device.dispatch = *d;
-    ++t.result.dispatches;
-    Push(now_ + run, EventKind::kDeviceDone, dev, 0);
   }
   return Status::Ok();
 }
 
+void KernelSim::StartHead(uint32_t dev) {
+  auto& device = devices_[dev];
+  const core::Dispatch& d = device.queue.front();
+  const BlockState* b = FindBlock(d.block);
+  assert(b != nullptr);
+  const double fraction =
+      b->work_items == 0 ? 1.0
+                         : static_cast<double>(d.range.size()) / static_cast<double>(b->work_items);
+  const Duration run = FromSeconds(b->cost_s * fraction) + options_.dispatch_overhead;
+  device.started = now_;
+  Push(now_ + run, EventKind::kDeviceDone, dev, 0);
+}
+
 Status KernelSim::FinishDispatch(uint32_t dev) {
   auto& device = devices_[dev];
-  assert(device.busy);
-  device.busy = false;
-  const core::Dispatch& d = device.dispatch;
+  assert(device.busy());
+  const core::Dispatch d = device.queue.front();
+  device.queue.pop_front();
   const Duration ran = now_ - device.started;
+  if (!device.queue.empty()) StartHead(dev);
   busy_ += ran;
   auto& t = tenants_[d.tenant];
   t.result.device_time_s += ToSeconds(ran);
-  device_time_->Add(d.tenant, device.started, now_, ToSeconds(ran));
+  device_time_->Add(d.tenant, now_ - ran, now_, ToSeconds(ran));
 
   core::Completion c;
   c.tenant = d.tenant;
@@ -269,7 +281,7 @@ Result<SimResult> KernelSim::Run() {
   while (!heap_.empty()) {
     if (!bounded && AllFinished() && live_blocks_ == 0) break;
     if (heap_.size() == 1 && AnyPending() &&
-        std::none_of(devices_.begin(), devices_.end(), [](const DeviceState& d) { return d.busy; })) {
+        std::none_of(devices_.begin(), devices_.end(), [](const DeviceState& d) { return d.busy(); })) {
       // Only the stop event is left, work is pending and no device runs: nothing can ever
       // dispatch it.
       return Internal("policy '" + std::string(policy_.name()) + "' holds pending work with idle " +
@@ -306,11 +318,12 @@ Result<SimResult> KernelSim::Run() {
   }
   // Dispatches still running when a bounded run stops count up to the stop time.
   for (auto& device : devices_) {
-    if (!device.busy || !bounded) continue;
+    if (!device.busy() || !bounded) continue;
     const Duration ran = now_ - device.started;
     busy_ += ran;
-    tenants_[device.dispatch.tenant].result.device_time_s += ToSeconds(ran);
-    device_time_->Add(device.dispatch.tenant, device.started, now_, ToSeconds(ran));
+    const TenantId head = device.queue.front().tenant;
+    tenants_[head].result.device_time_s += ToSeconds(ran);
+    device_time_->Add(head, device.started, now_, ToSeconds(ran));
   }
   SimResult r = Collect();
   r.events = events;

@@ -6,10 +6,11 @@
 //     blocks through its TenantHost, sleeps (CPU work, think time), and is told when each of its
 //     blocks has finished on the device.
 //   - `devices` identical devices share one policy. A device runs one dispatch at a time, without
-//     preemption; a dispatch of a block's range [b, e) takes cost_s × (e − b) / work_items of the
+//     preemption, and holds up to `inflight` dispatches committed to it (the daemon's
+//     inflight_per_device: a hardware queue that runs them in order); a dispatch of a block's range [b, e) takes cost_s × (e − b) / work_items of the
 //     block (the whole cost_s for copies and markers) plus the fixed dispatch overhead. A copy
 //     also takes bytes / device.bus_bytes_per_s (when the bandwidth is given).
-//   - The driver calls Policy::Pick() whenever a device is idle after any event, and Tick() at the
+//   - The driver calls Policy::Pick() whenever a device has room in its queue after any event, and Tick() at the
 //     policy's NextTimer(). Every Dispatch is checked against the Policy contract (the tenant's
 //     oldest unfinished block, contiguous ascending ranges, `last` exactly on the final chunk); a
 //     violation ends the run with kInternal naming the rule, so the engine doubles as a
@@ -104,6 +105,8 @@ struct KernelSimOptions {
   uint64_t seed = 1;
   // Identical devices sharing the one policy.
   uint32_t devices = 1;
+  // Dispatches committed to one device at a time (>= 1); they run one after another.
+  uint32_t inflight = 1;
   // Fixed cost added to every dispatch (kernel launch latency); makes splitting cost something.
   Duration dispatch_overhead{0};
   // Given to the policy through PolicySpec by the caller; the engine uses bus_bytes_per_s for
@@ -194,9 +197,9 @@ class KernelSim {
     std::vector<double> latencies;
   };
   struct DeviceState {
-    bool busy = false;
-    TimePoint started{};
-    core::Dispatch dispatch;
+    std::deque<core::Dispatch> queue;  // committed dispatches; the front one runs
+    TimePoint started{};               // when the front one started
+    bool busy() const { return !queue.empty(); }
   };
 
   void Push(TimePoint at, EventKind kind, uint32_t index, uint64_t arg);
@@ -206,6 +209,7 @@ class KernelSim {
   Status DispatchIdle();
   Status CheckDispatch(const core::Dispatch& d, BlockState** block) const;
   Status FinishDispatch(uint32_t device);
+  void StartHead(uint32_t device);
   void ArmPolicyTimer();
   bool AllFinished() const;
   bool AnyPending() const;

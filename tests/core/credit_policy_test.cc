@@ -423,8 +423,15 @@ TEST(CreditPolicyTest, ReturningCreditHolderWithinGraceKeepsItsTurn) {
   EXPECT_EQ(p.replenishments(CreditPolicy::Trigger::kSpareCapacity), 1u);
 }
 
+// The paper's turns (Algorithm 1): owed_first = false.
+CreditPolicyOptions PaperTurns() {
+  CreditPolicyOptions o;
+  o.owed_first = false;
+  return o;
+}
+
 TEST(CreditPolicyTest, RoundsDispatchAtMostFourBlocksPerTenant) {
-  CreditPolicy p = Make();
+  CreditPolicy p = Make(PaperTurns());
   TimePoint t{};
   p.AddTenant({1, "a", 1}, t);
   p.AddTenant({2, "b", 1}, t);
@@ -444,7 +451,7 @@ TEST(CreditPolicyTest, RoundsDispatchAtMostFourBlocksPerTenant) {
 }
 
 TEST(CreditPolicyTest, BlocksPerRoundIsAParameter) {
-  CreditPolicyOptions o;
+  CreditPolicyOptions o = PaperTurns();
   o.blocks_per_round = 2;
   CreditPolicy p = Make(o);
   TimePoint t{};
@@ -462,7 +469,7 @@ TEST(CreditPolicyTest, BlocksPerRoundIsAParameter) {
 }
 
 TEST(CreditPolicyTest, TimeSliceEndsATurnBeforeFourBlocks) {
-  CreditPolicy p = Make();  // 16 ms slices
+  CreditPolicy p = Make(PaperTurns());  // 16 ms slices
   TimePoint t{};
   p.AddTenant({1, "a", 1}, t);
   p.AddTenant({2, "b", 1}, t);
@@ -581,7 +588,7 @@ TEST(CreditPolicyTest, LiteralOneCreditPerRoundFollowsBlockSizeNotWeight) {
   // Why credits are charged in device time: with the paper's 1 credit per round, equal weights
   // and backlogged tenants get equal rounds, hence device time in proportion to block size.
   std::vector<Load> loads = {{1, 1, milliseconds(8), 8}, {2, 1, milliseconds(1), 8}};
-  CreditPolicyOptions literal;
+  CreditPolicyOptions literal = PaperTurns();
   literal.charge_per_round = true;
   CreditPolicy p = Make(literal);
   RunResult r = RunClosedLoop(p, loads, std::chrono::seconds(10), std::chrono::seconds(1), 3);
