@@ -242,6 +242,12 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
   }
 }
 
+namespace {
+bool UnsplitKernel(const core::CommandBlock& b) {
+  return b.kind == core::BlockKind::kKernel && b.splittable == core::Splittable::kNo;
+}
+}  // namespace
+
 core::CommandBlock Scheduler::NewBlock(const Worker& w, const ctl::Ready& r) {
   core::CommandBlock b;
   b.id = next_block_++;
@@ -266,7 +272,7 @@ void Scheduler::Submit(Worker& w, const ctl::Ready& r) {
   if (t == tenants_.end() || !t->second.in_policy) return;
   core::CommandBlock b = NewBlock(w, r);
   DeviceState& d = devices_[r.device];
-  d.queued[b.id] = Queued{&w, r.cmd, r.device, r.work_items};
+  d.queued[b.id] = Queued{&w, r.cmd, r.device, r.work_items, UnsplitKernel(b)};
   ++w.queued_on[r.device];
   w.blocks[r.cmd] = b.id;
   d.policy->Submit(b, Now());
@@ -276,7 +282,8 @@ void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
   DeviceState& d = devices_[r.device];
   core::CommandBlock b = NewBlock(w, r);
   d.policy->Express(b, Now());
-  Dispatched(d, Flight{&w, r.cmd, b.id, w.tenant, {0, r.work_items}, true, Now()});
+  Dispatched(d, Flight{&w, r.cmd, b.id, w.tenant, {0, r.work_items}, true, Now(),
+                       UnsplitKernel(b)});
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end()) ++t->second.express;
 }
@@ -346,6 +353,7 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
         TenantStats& ts = t->second;
         if (ts.inflight > 0) --ts.inflight;
         ts.device_time_s += ToSeconds(used);
+        if (f.unsplit_kernel) ts.unsplit_kernel_s += ToSeconds(used);
         ts.processed_items += f.range.size();
         if (f.last) ++ts.completed;
       }
@@ -450,7 +458,7 @@ void Scheduler::Pump() {
       }
       Queued q = it->second;
       Dispatched(d, Flight{q.worker, q.cmd, pick->block, pick->tenant, pick->range, pick->last,
-                           Now()});
+                           Now(), q.unsplit_kernel});
       ctl::Release r;
       r.cmd = q.cmd;
       r.begin = pick->range.begin;
@@ -612,6 +620,7 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
            {"express_dispatches", t.express},
            {"inflight", t.inflight},
            {"device_time_s", t.device_time_s},
+           {"unsplit_kernel_s", t.unsplit_kernel_s},
            {"sessions", t.sessions},
            {"worker_deaths", t.worker_deaths},
            {"watchdog_kills", t.watchdog_kills},

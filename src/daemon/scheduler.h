@@ -106,6 +106,7 @@ class Scheduler {
     uint64_t cmd = 0;
     uint32_t device = 0;
     uint64_t work_items = 0;
+    bool unsplit_kernel = false;  // a kernel the worker could not offer for splitting
   };
   struct Flight {
     Worker* worker = nullptr;
@@ -115,6 +116,7 @@ class Scheduler {
     core::WorkRange range;
     bool last = true;
     TimePoint released{};
+    bool unsplit_kernel = false;
   };
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;
@@ -178,6 +180,7 @@ class Scheduler {
     uint64_t processed_items = 0;     // kernel work-items completed
     uint64_t inflight = 0;            // dispatches on a device now
     double device_time_s = 0;         // sum of measured START->END
+    double unsplit_kernel_s = 0;      // of which kernels that could not be split
     uint64_t worker_deaths = 0;       // workers that died or were killed
     uint64_t watchdog_kills = 0;      // of which by the watchdog
     uint64_t sessions = 0;            // workers connected now

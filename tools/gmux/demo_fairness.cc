@@ -43,15 +43,42 @@ __kernel void matmul(__global const float* A, __global const float* B, __global 
   C[row * n + col] = acc;
 })";
 
+// The closed-loop setups' kernel: each work-item runs kSpinIters dependent multiply-adds, so a
+// launch's work is proportional to its work-items. `spin` uses only get_global_id (gmux may cut
+// it into chunks); `spin_grouped` computes the same index from get_group_id, which makes it
+// unsplittable (kernel_scan.h), as many real kernels are.
+const char* kSpinSource = R"(
+__kernel void spin(__global float* out, int iters) {
+  size_t i = get_global_id(0);
+  float x = (float)(i % 97);
+  for (int k = 0; k < iters; ++k) x = x * 0.9990f + 1.0f;
+  out[i] = x;
+}
+__kernel void spin_grouped(__global float* out, int iters) {
+  size_t i = get_group_id(0) * get_local_size(0) + get_local_id(0);
+  float x = (float)(i % 97);
+  for (int k = 0; k < iters; ++k) x = x * 0.9990f + 1.0f;
+  out[i] = x;
+})";
+constexpr int kSpinItems = 4096;  // work-items of a 1x launch
+constexpr int kSpinLocal = 64;
+constexpr int kSpinIters = 600;   // about 1 ms per 1x launch on two CPU cores under PoCL
+
 struct TenantSpec {
   std::string name;
   double weight = 1;
-  int n = 128;  // matrix size: one launch is n x n work-items, n^3 multiply-adds
+  int n = 128;        // matmul: matrix size; one launch is n x n work-items, n^3 multiply-adds
+  int mult = 0;       // > 0: the spin kernel with mult x kSpinItems work-items per launch
+  int depth = 0;      // launches kept outstanding; 0: --depth; 1: launch + clFinish, a closed loop
+  bool splittable = true;  // spin only: false runs spin_grouped
 };
 
 struct Setup {
   std::string label;
   std::vector<TenantSpec> tenants;
+  // Shares from each tenant's own work rate against its rate alone through the same daemon
+  // (runs every tenant alone first), rather than from the daemon's device-time books.
+  bool normalised = false;
 };
 
 std::vector<Setup> AllSetups() {
@@ -63,7 +90,25 @@ std::vector<Setup> AllSetups() {
   // VMCG Section 6: 3 tenants with different kernel sizes, equal weights, then 4:2:1.
   Setup eq{"vmcg-equal", {{"small", 1, 128}, {"medium", 1, 192}, {"large", 1, 256}}};
   Setup w{"vmcg-weighted", {{"small", 4, 128}, {"medium", 2, 192}, {"large", 1, 256}}};
-  return {ky, eq, w};
+  // Ordinary programs: closed loops of one launch + clFinish (docs/reproductions.md, "Closed
+  // loops"); kernels 1x to 64x in work per launch, splittable and not, open loops beside them.
+  auto closed = [](std::string name, double weight, int mult, int depth = 1, bool split = true) {
+    return TenantSpec{std::move(name), weight, 0, mult, depth, split};
+  };
+  Setup c211{"closed-211", {closed("x1", 2, 1), closed("x4", 1, 4), closed("x16", 1, 16)}, true};
+  Setup ceq{"closed-equal", {closed("x1", 1, 1), closed("x4", 1, 4), closed("x16", 1, 16)}, true};
+  Setup small{"small-among-large",
+              {closed("x1", 1, 1), closed("x16-a", 1, 16), closed("x16-b", 1, 16)}, true};
+  Setup open{"open-closed", {closed("x1", 1, 1), closed("x16-open", 1, 16, 4)}, true};
+  Setup unsplit{"unsplittable",
+                {closed("x1", 1, 1), closed("x4-whole", 1, 4, 1, false), closed("x16", 1, 16)},
+                true};
+  Setup eight{"eight",
+              {closed("x1-a", 2, 1), closed("x1-b", 1, 1), closed("x4-a", 2, 4),
+               closed("x4-b", 1, 4), closed("x16-a", 1, 16), closed("x16-b", 1, 16),
+               closed("x64", 1, 64), closed("x16-open", 1, 16, 4)},
+              true};
+  return {ky, eq, w, c211, ceq, small, open, unsplit, eight};
 }
 
 std::vector<std::string> SplitList(const std::string& s) {
@@ -107,7 +152,10 @@ Result<std::map<std::string, std::map<std::string, double>>> ParsePolicyParams(
 
 // One tenant process: builds its program, reports "ready", waits for the start byte, then keeps
 // `depth` launches outstanding until `run_s` has passed; writes its latencies and exits.
+int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd);
+
 int TenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd) {
+  if (t.mult > 0) return SpinTenantMain(t, depth, run_s, ready_fd, start_fd);
   cl_platform_id platform;
   cl_uint np = 0;
   if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
@@ -196,6 +244,103 @@ int TenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int s
   clReleaseMemObject(dA);
   clReleaseMemObject(dB);
   clReleaseMemObject(dC);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  clReleaseCommandQueue(q);
+  clReleaseContext(ctx);
+  return 0;
+}
+
+bool WriteAll(int fd, const std::string& out) {
+  size_t off = 0;
+  while (off < out.size()) {
+    ssize_t w = ::write(fd, out.data() + off, out.size() - off);
+    if (w <= 0) return false;
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// A closed-loop (depth 1: one launch, then clFinish) or open-loop spin tenant, written the way an
+// ordinary program is: a std::vector, blocking calls. Same protocol as TenantMain.
+int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd) {
+  cl_platform_id platform;
+  cl_uint np = 0;
+  if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
+  cl_device_id dev;
+  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr) != CL_SUCCESS) return 11;
+  cl_int err;
+  cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
+  if (err != CL_SUCCESS) return 12;
+  cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+  cl_program p = clCreateProgramWithSource(ctx, 1, &kSpinSource, nullptr, &err);
+  if (clBuildProgram(p, 1, &dev, "", nullptr, nullptr) != CL_SUCCESS) return 13;
+  cl_kernel k = clCreateKernel(p, t.splittable ? "spin" : "spin_grouped", &err);
+  if (err != CL_SUCCESS) return 14;
+  const size_t items = static_cast<size_t>(kSpinItems) * static_cast<size_t>(t.mult);
+  std::vector<float> host(items, -1.0f);
+  cl_mem out = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY, items * sizeof(float), nullptr, &err);
+  if (err != CL_SUCCESS) return 15;
+  const int iters = kSpinIters;
+  clSetKernelArg(k, 0, sizeof(cl_mem), &out);
+  clSetKernelArg(k, 1, sizeof(int), &iters);
+  const size_t global = items, local = kSpinLocal;
+  if (clEnqueueNDRangeKernel(q, k, 1, nullptr, &global, &local, 0, nullptr, nullptr) != CL_SUCCESS ||
+      clFinish(q) != CL_SUCCESS) {
+    return 16;
+  }
+  char c = 'r';
+  if (::write(ready_fd, &c, 1) != 1) return 17;
+  if (::read(start_fd, &c, 1) != 1) return 18;
+  std::string log;
+  const auto start = Clock::now();
+  const auto stop = start + std::chrono::duration_cast<Clock::duration>(
+                                std::chrono::duration<double>(run_s));
+  auto record = [&](Clock::time_point at) {
+    auto now = Clock::now();
+    log += std::to_string(std::chrono::duration<double>(now - start).count()) + " " +
+           std::to_string(std::chrono::duration<double>(now - at).count()) + "\n";
+  };
+  if (depth <= 1) {
+    while (Clock::now() < stop) {
+      const auto at = Clock::now();
+      if (clEnqueueNDRangeKernel(q, k, 1, nullptr, &global, &local, 0, nullptr, nullptr) !=
+              CL_SUCCESS ||
+          clFinish(q) != CL_SUCCESS) {
+        return 19;
+      }
+      record(at);
+    }
+  } else {
+    std::vector<std::pair<cl_event, Clock::time_point>> pending;
+    while (Clock::now() < stop || !pending.empty()) {
+      if (Clock::now() < stop && static_cast<int>(pending.size()) < depth) {
+        cl_event ev;
+        if (clEnqueueNDRangeKernel(q, k, 1, nullptr, &global, &local, 0, nullptr, &ev) !=
+            CL_SUCCESS) {
+          return 19;
+        }
+        clFlush(q);
+        pending.emplace_back(ev, Clock::now());
+        continue;
+      }
+      if (clWaitForEvents(1, &pending.front().first) != CL_SUCCESS) return 20;
+      record(pending.front().second);
+      clReleaseEvent(pending.front().first);
+      pending.erase(pending.begin());
+    }
+  }
+  if (clEnqueueReadBuffer(q, out, CL_TRUE, 0, items * sizeof(float), host.data(), 0, nullptr,
+                          nullptr) != CL_SUCCESS) {
+    return 21;
+  }
+  for (size_t i = 0; i < items; i += 511) {
+    float x = static_cast<float>(i % 97);
+    for (int j = 0; j < iters; ++j) x = x * 0.9990f + 1.0f;
+    if (std::fabs(x - host[i]) > 1e-3f * std::fabs(x) + 1e-3f) return 22;
+  }
+  if (!WriteAll(ready_fd, log)) return 23;
+  clReleaseMemObject(out);
   clReleaseKernel(k);
   clReleaseProgram(p);
   clReleaseCommandQueue(q);
@@ -305,7 +450,8 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
       }
       ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
       ::setenv("GMUX_SOCKET", socket.c_str(), 1);
-      ::_exit(TenantMain(setup.tenants[i], o.depth, run_s, up[1], down[0]));
+      const int depth = setup.tenants[i].depth > 0 ? setup.tenants[i].depth : o.depth;
+      ::_exit(TenantMain(setup.tenants[i], depth, run_s, up[1], down[0]));
     }
     ::close(up[1]);
     ::close(down[0]);
@@ -368,6 +514,11 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
     while (in >> at >> l) {
       if (at >= o.warmup_s && at < o.warmup_s + o.window_s) lat.push_back(l);
     }
+    double lat_sum = 0;
+    for (double x : lat) lat_sum += x;
+    // Work done, in 1x launches per second, from the tenant's own clock.
+    const double work_rate = static_cast<double>(lat.size()) *
+                             std::max(1, setup.tenants[i].mult) / o.window_s;
     tenants.push_back(json{
         {"name", setup.tenants[i].name},
         {"weight", setup.tenants[i].weight},
@@ -379,6 +530,10 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
         {"commands", tb->value("completed_commands", uint64_t{0}) -
                          ta->value("completed_commands", uint64_t{0})},
         {"dispatches", tb->value("dispatches", uint64_t{0}) - ta->value("dispatches", uint64_t{0})},
+        {"unsplit_kernel_s", tb->value("unsplit_kernel_s", 0.0) - ta->value("unsplit_kernel_s", 0.0)},
+        {"launches", lat.size()},
+        {"work_rate", work_rate},
+        {"mean_latency_s", lat.empty() ? 0.0 : lat_sum / static_cast<double>(lat.size())},
         {"completions_s", lat}});
   }
   for (size_t i = 0; i < tenants.size(); ++i) {
@@ -440,6 +595,25 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
   int failures = 0;
   for (const Setup& s : AllSetups()) {
     if (std::find(wanted.begin(), wanted.end(), s.label) == wanted.end()) continue;
+    // Normalised setups: every tenant alone first (fifo: a lone tenant is never held back or
+    // split under any policy), for its work rate and latency alone.
+    std::vector<double> alone_rate(s.tenants.size(), 0), alone_latency(s.tenants.size(), 0);
+    if (s.normalised) {
+      for (size_t i = 0; i < s.tenants.size(); ++i) {
+        if (!o.json) std::cerr << "running " << s.label << "/" << s.tenants[i].name << " alone ...\n";
+        Setup one{s.label, {s.tenants[i]}, true};
+        json r = RunOne(paths, one, "fifo", {}, o);
+        if (r.contains("error") || r["tenants"].empty()) {
+          ++failures;
+          std::cerr << "gmux demo fairness: " << s.label << "/" << s.tenants[i].name
+                    << " alone: " << r.value("error", std::string("no result")) << "\n";
+          continue;
+        }
+        alone_rate[i] = r["tenants"][0].value("work_rate", 0.0);
+        alone_latency[i] = r["tenants"][0].value("mean_latency_s", 0.0);
+      }
+    }
+    double fifo_total = 0;
     for (const std::string& p : policies) {
       if (!o.json) std::cerr << "running " << s.label << " under " << p << " ...\n";
       auto pp = params->find(p);
@@ -451,6 +625,41 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
                   << r["error"].get<std::string>() << "\n";
         r["label"] = s.label;
         r["policy"] = p;
+      } else if (s.normalised) {
+        // share_i = rate_i / rate_i alone; fairness compares share_i / Σ share with w_i / Σ w.
+        std::vector<double> w, norm;
+        double total = 0;
+        for (size_t i = 0; i < s.tenants.size(); ++i) {
+          json& t = r["tenants"][i];
+          const double share = alone_rate[i] > 0 ? t.value("work_rate", 0.0) / alone_rate[i] : 0;
+          t["alone_work_rate"] = alone_rate[i];
+          t["alone_latency_s"] = alone_latency[i];
+          t["latency_vs_alone"] = alone_latency[i] > 0 ? t.value("mean_latency_s", 0.0) / alone_latency[i] : 0;
+          t["work_share"] = share;
+          w.push_back(s.tenants[i].weight);
+          norm.push_back(share);
+          total += share;
+        }
+        double wsum = 0;
+        for (double x : w) wsum += x;
+        double worst = 0;
+        for (size_t i = 0; i < norm.size(); ++i) {
+          json& t = r["tenants"][i];
+          t["share"] = total > 0 ? norm[i] / total : 0;
+          t["weight_share"] = w[i] / wsum;
+          worst = std::max(worst, std::fabs(t["share"].get<double>() - w[i] / wsum));
+        }
+        r["share_basis"] = "work rate against the tenant alone";
+        r["total_work"] = total;  // Σ share_i: 1 = the device as busy as each tenant alone
+        if (p == "fifo") fifo_total = total;
+        r["total_vs_fifo"] = fifo_total > 0 ? total / fifo_total : 0;
+        r["jain"] = core::JainIndex(w, norm);
+        r["max_share_error"] = worst;
+        std::vector<double> shares;
+        for (const auto& t : r["tenants"]) shares.push_back(t["share"].get<double>());
+        r["lambda"] = core::FairnessLambda(w, norm);
+        auto [mn, mx] = std::minmax_element(shares.begin(), shares.end());
+        r["max_min_share"] = *mn > 0 ? *mx / *mn : 0.0;
       }
       runs.push_back(r);
     }
@@ -458,18 +667,25 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
   if (o.json) {
     std::cout << json{{"kind", "demo-fairness"}, {"runs", runs}}.dump(2) << "\n";
   } else {
-    std::printf("%-14s %-7s %7s %6s %8s %14s %9s  %s\n", "setup", "policy", "lambda", "jain",
+    std::printf("%-17s %-7s %7s %6s %8s %14s %9s  %s\n", "setup", "policy", "lambda", "jain",
                 "max/min", "items/s", "ns/disp", "shares (weight: share)");
     for (const auto& r : runs) {
       if (r.contains("error")) continue;
       std::string sh;
       for (const auto& t : r["tenants"]) {
-        char b[64];
+        char b[96];
         std::snprintf(b, sizeof(b), "%s %g: %.3f  ", t["name"].get<std::string>().c_str(),
                       t["weight"].get<double>(), t["share"].get<double>());
         sh += b;
       }
-      std::printf("%-14s %-7s %7.3f %6.3f %8.2f %14.0f %9.0f  %s\n",
+      if (r.contains("total_vs_fifo")) {
+        char b[96];
+        std::snprintf(b, sizeof(b), "| err %.3f, work %.2f (%.2fx fifo)",
+                      r["max_share_error"].get<double>(), r["total_work"].get<double>(),
+                      r["total_vs_fifo"].get<double>());
+        sh += b;
+      }
+      std::printf("%-17s %-7s %7.3f %6.3f %8.2f %14.0f %9.0f  %s\n",
                   r["label"].get<std::string>().c_str(), r["policy"].get<std::string>().c_str(),
                   r["lambda"].get<double>(), r["jain"].get<double>(),
                   r["max_min_share"].get<double>(), r["throughput"].get<double>(),
