@@ -644,3 +644,150 @@ TEST(CreditPolicyTest, RemoveTenantDropsItsBlocksAndKeepsOthersGoing) {
 
 }  // namespace
 }  // namespace gmux::core
+
+namespace gmux::core {
+namespace {
+
+CommandBlock Splittable(BlockId id, TenantId tenant, uint64_t items, uint64_t groups) {
+  CommandBlock b = Kernel(id, tenant, items);
+  b.work_groups = groups;
+  b.splittable = Splittable::kYes;
+  return b;
+}
+
+TEST(CreditSlicesTest, ChunksFollowTheMeasuredTimePerWorkItem) {
+  CreditPolicyOptions o;
+  o.chunk = milliseconds(2);
+  CreditPolicy p = Make(o);
+  TimePoint t{};
+  p.AddTenant({1, "long", 1}, t);
+  p.AddTenant({2, "short", 1}, t);
+  p.Submit(Splittable(1, 1, 32 * 1024, 32), t);  // 32 granules of 1024 work-items
+  p.Submit(Kernel(2, 2), t);
+  // Nothing measured yet: one granule.
+  auto d1 = p.Pick(t);
+  ASSERT_TRUE(d1);
+  EXPECT_EQ(d1->tenant, 1u);
+  EXPECT_EQ(d1->range, (WorkRange{0, 1024}));
+  EXPECT_FALSE(d1->last);
+  auto d2 = p.Pick(t);
+  ASSERT_TRUE(d2);
+  EXPECT_EQ(d2->tenant, 2u);
+  t += microseconds(500);
+  p.Complete(Done(*d1, microseconds(500)), t);  // 1024 items in 0.5 ms
+  p.Complete(Done(*d2, microseconds(100)), t);
+  p.Submit(Kernel(3, 2), t);
+  // 2 ms at 0.5 ms per granule: four granules, from where the first chunk ended.
+  auto d3 = p.Pick(t);
+  ASSERT_TRUE(d3);
+  if (d3->tenant == 2u) d3 = p.Pick(t);
+  ASSERT_TRUE(d3);
+  EXPECT_EQ(d3->tenant, 1u);
+  EXPECT_EQ(d3->range, (WorkRange{1024, 5 * 1024}));
+  EXPECT_EQ(p.Pending(1), 1u) << "the block stays pending until its last chunk";
+  EXPECT_GE(p.View(1).chunks, 2u);
+}
+
+TEST(CreditSlicesTest, ALoneTenantAndUnsplittableKernelsRunWhole) {
+  CreditPolicy p = Make();
+  TimePoint t{};
+  p.AddTenant({1, "a", 1}, t);
+  p.AddTenant({2, "b", 1}, t);
+  p.Submit(Splittable(1, 1, 32 * 1024, 32), t);
+  auto d = p.Pick(t);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->range, (WorkRange{0, 32 * 1024})) << "nobody else wants the device";
+  EXPECT_TRUE(d->last);
+  p.Complete(Done(*d, milliseconds(8)), t + milliseconds(8));
+  t += milliseconds(20);
+  // With another tenant backlogged, a kernel that is not splittable still runs whole, and its
+  // device time is reported as such.
+  p.Submit(Kernel(2, 1, 32 * 1024), t);
+  p.Submit(Kernel(3, 2), t);
+  auto e = p.Pick(t);
+  ASSERT_TRUE(e);
+  if (e->tenant == 2u) e = p.Pick(t);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->range, (WorkRange{0, 32 * 1024}));
+  p.Complete(Done(*e, milliseconds(8)), t + milliseconds(8));
+  EXPECT_EQ(p.View(1).unsplit_kernel_time, milliseconds(8));
+}
+
+TEST(CreditSlicesTest, AdaptiveTargetIsTheShortestLaunchOfTheTenantsThatWantTheDevice) {
+  CreditPolicy p = Make();
+  TimePoint t{};
+  p.AddTenant({1, "a", 1}, t);
+  p.AddTenant({2, "b", 1}, t);
+  EXPECT_EQ(p.ChunkTarget(t), milliseconds(16)) << "nothing measured: the slice";
+  p.Submit(Kernel(1, 2), t);
+  auto d = p.Pick(t);
+  ASSERT_TRUE(d);
+  t += milliseconds(2);
+  p.Complete(Done(*d, milliseconds(2)), t);
+  EXPECT_EQ(p.ChunkTarget(t), milliseconds(2)) << "tenant 2 is within its think grace";
+  t += milliseconds(50);
+  EXPECT_EQ(p.ChunkTarget(t), milliseconds(16)) << "tenant 2 went idle";
+  CreditPolicyOptions floor;
+  floor.chunk_min = milliseconds(3);
+  CreditPolicy q = Make(floor);
+  q.AddTenant({1, "a", 1}, TimePoint{});
+  q.Submit(Kernel(1, 1), TimePoint{});
+  auto e = q.Pick(TimePoint{});
+  ASSERT_TRUE(e);
+  q.Complete(Done(*e, microseconds(100)), TimePoint{} + microseconds(100));
+  EXPECT_EQ(q.ChunkTarget(TimePoint{} + microseconds(100)), milliseconds(3));
+}
+
+TEST(CreditSlicesTest, AnOwedTenantThinkingKeepsTheQueueToWhatRuns) {
+  CreditPolicy p = Make();
+  TimePoint t{};
+  p.AddTenant({1, "closed", 2}, t);
+  p.AddTenant({2, "busy", 1}, t);
+  BlockId id = 1;
+  p.Submit(Kernel(id++, 1), t);
+  for (int k = 0; k < 8; ++k) p.Submit(Kernel(id++, 2), t);
+  auto d1 = p.Pick(t);
+  auto d2 = p.Pick(t);
+  ASSERT_TRUE(d1 && d2);
+  EXPECT_EQ(d1->tenant, 1u);
+  EXPECT_EQ(d2->tenant, 2u);
+  // Both used 1 ms; tenant 1 (weight 2) has the larger part of its allocation left.
+  t += milliseconds(1);
+  p.Complete(Done(*d1, milliseconds(1)), t);
+  p.Complete(Done(*d2, milliseconds(1)), t);
+  EXPECT_GT(p.View(1).credit1 / p.View(1).credit2, p.View(2).credit1 / p.View(2).credit2);
+  // Tenant 1 is thinking. With nothing running, tenant 2 runs: the device never idles for it.
+  auto d3 = p.Pick(t);
+  ASSERT_TRUE(d3);
+  EXPECT_EQ(d3->tenant, 2u);
+  // With tenant 2's launch running, its next one waits rather than queue in front of tenant 1's
+  // next launch, until tenant 1's grace ends.
+  EXPECT_FALSE(p.Pick(t));
+  const auto timer = p.NextTimer();
+  ASSERT_TRUE(timer);
+  EXPECT_EQ(*timer, t + p.View(1).grace);
+  // Tenant 1 comes back within the grace and goes first.
+  t += microseconds(200);
+  p.Submit(Kernel(id++, 1), t);
+  auto back = p.Pick(t);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->tenant, 1u);
+  // Past the grace of a tenant that stays away, the others use the device again.
+  p.Complete(Done(*d3, microseconds(200)), t);
+  t += milliseconds(1);
+  p.Complete(Done(*back, milliseconds(1)), t);
+  auto d4 = p.Pick(t);
+  ASSERT_TRUE(d4);
+  EXPECT_EQ(d4->tenant, 2u);
+  t += p.View(1).grace;
+  auto d5 = p.Pick(t);
+  ASSERT_TRUE(d5);
+  EXPECT_EQ(d5->tenant, 2u);
+  // The grace follows the measured think time (200 us), within [idle_grace, think_grace_max].
+  EXPECT_GT(p.View(1).think, Duration(0));
+  EXPECT_GE(p.View(1).grace, milliseconds(1));
+  EXPECT_LE(p.View(1).grace, milliseconds(4));
+}
+
+}  // namespace
+}  // namespace gmux::core
