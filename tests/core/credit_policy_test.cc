@@ -166,6 +166,24 @@ TEST(CreditPolicyTest, OptionsValidateAndParamsAreRead) {
   EXPECT_EQ(set->time_g, milliseconds(50));
   EXPECT_EQ(set->blocks_per_round, 2);
   EXPECT_EQ(set->slice_max, milliseconds(8));
+  EXPECT_TRUE(o->owed_first);
+  EXPECT_TRUE(o->split_kernels);
+  EXPECT_EQ(o->chunk, Duration(0));
+  EXPECT_EQ(o->chunk_min, microseconds(500));
+  EXPECT_EQ(o->think_grace_max, milliseconds(4));
+  auto slices = CreditPolicyOptionsFromSpec(
+      {"credit",
+       {{"owed_first", 0}, {"split_kernels", 0}, {"chunk_ms", 2.5}, {"chunk_min_ms", 1},
+        {"think_grace_max_ms", 10}},
+       {}});
+  ASSERT_TRUE(slices.ok());
+  EXPECT_FALSE(slices->owed_first);
+  EXPECT_FALSE(slices->split_kernels);
+  EXPECT_EQ(slices->chunk, microseconds(2500));
+  EXPECT_EQ(slices->chunk_min, milliseconds(1));
+  EXPECT_EQ(slices->think_grace_max, milliseconds(10));
+  EXPECT_FALSE(MakePolicy({"credit", {{"owed_first", 2}}, {}}).ok());
+  EXPECT_FALSE(MakePolicy({"credit", {{"chunk_min_ms", 0}}, {}}).ok());
 
   auto typo = MakePolicy({"credit", {{"slice_ms", 4}}, {}});
   ASSERT_FALSE(typo.ok());
