@@ -2,6 +2,8 @@
 // (clpeak, group by group, is in clpeak_test.cc.)
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 
@@ -62,6 +64,40 @@ TEST(ToolsTest, GmuxBenchRunsEndToEndWithSmallSizes) {
   EXPECT_EQ(RunShell(std::string(GMUX_CLI_PATH) + " bench --sizes 12Q 2>&1", out) != 0,
             true);
   EXPECT_NE(out.find("bad transfer size '12Q'"), std::string::npos) << out;
+}
+
+// `gmux demo fairness` with closed-loop tenants (launch + clFinish), end to end under credit:
+// every tenant checks its kernel's results (a wrong result fails the command), the long launches
+// ran in chunks beside the short tenant, and every figure of a normalised setup is there.
+TEST(ToolsTest, DemoFairnessClosedLoopsRunInChunksWithCorrectResults) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root: each tenant runs as its own uid";
+  std::string out;
+  ASSERT_EQ(RunShell(std::string("timeout 300 ") + GMUX_CLI_PATH +
+                         " demo fairness --json --setups closed-211 --policies credit"
+                         " --window 1 --warmup 0.3 2>&1",
+                     out),
+            0)
+      << out;
+  auto j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_EQ(j["runs"].size(), 1u) << out;
+  const auto& r = j["runs"][0];
+  ASSERT_FALSE(r.contains("error")) << out;
+  ASSERT_EQ(r["tenants"].size(), 3u);
+  double share_sum = 0;
+  for (const auto& t : r["tenants"]) {
+    EXPECT_GT(t["launches"].get<uint64_t>(), 0u) << t["name"];
+    EXPECT_GT(t["alone_work_rate"].get<double>(), 0) << t["name"];
+    EXPECT_GT(t["work_share"].get<double>(), 0) << t["name"];
+    share_sum += t["share"].get<double>();
+  }
+  EXPECT_NEAR(share_sum, 1.0, 1e-9);
+  const auto& x16 = r["tenants"][2];
+  EXPECT_EQ(x16["name"], "x16");
+  EXPECT_GT(x16["dispatches"].get<uint64_t>(), x16["commands"].get<uint64_t>())
+      << "16x launches beside a 1x tenant run in chunks";
+  EXPECT_GT(r["total_work"].get<double>(), 0);
+  EXPECT_GE(r["jain"].get<double>(), 0);
 }
 
 }  // namespace

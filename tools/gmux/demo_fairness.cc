@@ -44,17 +44,18 @@ __kernel void matmul(__global const float* A, __global const float* B, __global 
 })";
 
 // The closed-loop setups' kernel: each work-item runs kSpinIters dependent multiply-adds, so a
-// launch's work is proportional to its work-items. `spin` uses only get_global_id (gmux may cut
-// it into chunks); `spin_grouped` computes the same index from get_group_id, which makes it
-// unsplittable (kernel_scan.h), as many real kernels are.
+// launch's work is proportional to its work-items. kSpinSource uses only get_global_id (gmux may
+// cut it into chunks); kGroupedSource computes the same index from get_group_id, which makes the
+// program unsplittable (kernel_scan.h scans a whole program), as many real kernels are.
 const char* kSpinSource = R"(
 __kernel void spin(__global float* out, int iters) {
   size_t i = get_global_id(0);
   float x = (float)(i % 97);
   for (int k = 0; k < iters; ++k) x = x * 0.9990f + 1.0f;
   out[i] = x;
-}
-__kernel void spin_grouped(__global float* out, int iters) {
+})";
+const char* kGroupedSource = R"(
+__kernel void spin(__global float* out, int iters) {
   size_t i = get_group_id(0) * get_local_size(0) + get_local_id(0);
   float x = (float)(i % 97);
   for (int k = 0; k < iters; ++k) x = x * 0.9990f + 1.0f;
@@ -70,7 +71,7 @@ struct TenantSpec {
   int n = 128;        // matmul: matrix size; one launch is n x n work-items, n^3 multiply-adds
   int mult = 0;       // > 0: the spin kernel with mult x kSpinItems work-items per launch
   int depth = 0;      // launches kept outstanding; 0: --depth; 1: launch + clFinish, a closed loop
-  bool splittable = true;  // spin only: false runs spin_grouped
+  bool splittable = true;  // spin only: false builds kGroupedSource (unsplittable)
 };
 
 struct Setup {
@@ -273,9 +274,10 @@ int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, i
   cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
   if (err != CL_SUCCESS) return 12;
   cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
-  cl_program p = clCreateProgramWithSource(ctx, 1, &kSpinSource, nullptr, &err);
+  const char* source = t.splittable ? kSpinSource : kGroupedSource;
+  cl_program p = clCreateProgramWithSource(ctx, 1, &source, nullptr, &err);
   if (clBuildProgram(p, 1, &dev, "", nullptr, nullptr) != CL_SUCCESS) return 13;
-  cl_kernel k = clCreateKernel(p, t.splittable ? "spin" : "spin_grouped", &err);
+  cl_kernel k = clCreateKernel(p, "spin", &err);
   if (err != CL_SUCCESS) return 14;
   const size_t items = static_cast<size_t>(kSpinItems) * static_cast<size_t>(t.mult);
   std::vector<float> host(items, -1.0f);
