@@ -283,7 +283,8 @@ bool CreditPolicy::ExpressOk(TenantId tenant, TimePoint now) const {
   auto it = tenants_.find(tenant);
   if (it == tenants_.end()) return false;
   for (const auto& [id, t] : tenants_) {
-    if (id != tenant && (!t.channel.empty() || t.in_flight > 0)) return false;
+    // (A tenant within its think grace counts as having work: it may be cut in chunks for.)
+    if (id != tenant && (!t.channel.empty() || t.in_flight > 0 || Thinking(t, now))) return false;
   }
   return it->second.credit1_ns > 0 || !HolderGraceEnd(now, tenant);
 }
@@ -307,7 +308,7 @@ void CreditPolicy::Express(const CommandBlock& block, TimePoint now) {
     cursor_rank_ = t.rank;
     if (options_.charge_per_round) Charge(t, credit_value().count());
   }
-  DispatchHead(block.tenant, t, now);
+  DispatchHead(block.tenant, t, now, /*may_split=*/false);  // the driver runs it whole
 }
 
 CreditTenantView CreditPolicy::View(TenantId tenant) const {
@@ -538,7 +539,7 @@ bool CreditPolicy::CanContinueTurn(const TenantState& t) const {
   return turn_used_ns_ + in_flight_estimate < t.slice_ns;
 }
 
-Dispatch CreditPolicy::DispatchHead(TenantId id, TenantState& t, TimePoint now) {
+Dispatch CreditPolicy::DispatchHead(TenantId id, TenantState& t, TimePoint now, bool may_split) {
   assert(!t.channel.empty());
   Entry& e = t.channel.front();
   const uint64_t begin = e.next;
@@ -546,7 +547,7 @@ Dispatch CreditPolicy::DispatchHead(TenantId id, TenantState& t, TimePoint now) 
   // A bounded slice: a splittable kernel runs in chunks of about ChunkTarget() of device time
   // while another tenant wants the device, sized from this tenant's measured time per
   // work-item (one granule while nothing is measured yet). Alone, it runs whole.
-  if (e.granule > 0 && OthersActive(id, now)) {
+  if (may_split && e.granule > 0 && OthersActive(id, now)) {
     uint64_t steps = 1;
     if (t.item_ns > 0) {
       const double per_step = t.item_ns * static_cast<double>(e.granule);

@@ -210,7 +210,7 @@ class CreditPolicy final : public Policy {
   void Refresh(TenantState& t);
   void RebuildSets();
   bool CanContinueTurn(const TenantState& t) const;
-  Dispatch DispatchHead(TenantId id, TenantState& t, TimePoint now);
+  Dispatch DispatchHead(TenantId id, TenantState& t, TimePoint now, bool may_split = true);
   std::optional<TenantId> NextEligible() const;
   std::optional<TenantId> MostOwed() const;
   int64_t GraceNs(const TenantState& t) const;

@@ -807,5 +807,26 @@ TEST(CreditSlicesTest, AnOwedTenantThinkingKeepsTheQueueToWhatRuns) {
   EXPECT_LE(p.View(1).grace, milliseconds(4));
 }
 
+TEST(CreditSlicesTest, NoExpressWhileAnotherTenantThinks) {
+  CreditPolicy p = Make();
+  TimePoint t{};
+  p.AddTenant({1, "a", 1}, t);
+  p.AddTenant({2, "b", 1}, t);
+  p.Submit(Kernel(1, 2), t);
+  auto d = p.Pick(t);
+  ASSERT_TRUE(d);
+  t += milliseconds(1);
+  p.Complete(Done(*d, milliseconds(1)), t);
+  // Tenant 2 is between two launches of a closed loop: tenant 1 is not alone.
+  EXPECT_FALSE(p.ExpressOk(1, t));
+  EXPECT_TRUE(p.ExpressOk(1, t + p.View(2).grace));
+  // An express block is accounted whole even if a thinking tenant would make Pick() split it.
+  const TimePoint later = t + p.View(2).grace;
+  CommandBlock big = Splittable(2, 1, 32 * 1024, 32);
+  p.Express(big, later);
+  EXPECT_EQ(p.Pending(1), 0u);
+  EXPECT_EQ(p.View(1).in_flight, 1u);
+}
+
 }  // namespace
 }  // namespace gmux::core
