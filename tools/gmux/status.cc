@@ -120,17 +120,20 @@ int RunStatus(const std::string& socket, bool json) {
                 express.c_str());
   }
   std::printf("active tenants: %d\n", j.value("active_tenants", 0));
-  std::printf("%-16s %7s %12s %12s %12s %9s %10s %10s %9s\n", "tenant", "weight", "total_items",
-              "processed", "remaining", "commands", "dispatches", "device_s", "usage_s");
+  // unsplit_s: device time of kernels that could not be cut into chunks (docs/operations.md).
+  std::printf("%-16s %7s %12s %12s %12s %9s %10s %10s %9s %9s\n", "tenant", "weight",
+              "total_items", "processed", "remaining", "commands", "dispatches", "device_s",
+              "unsplit_s", "usage_s");
   for (const auto& t : j.value("tenants", nlohmann::json::array())) {
-    std::printf("%-16s %7.2f %12llu %12llu %12llu %9llu %10llu %10.3f %9.3f\n",
+    std::printf("%-16s %7.2f %12llu %12llu %12llu %9llu %10llu %10.3f %9.3f %9.3f\n",
                 t.value("name", std::string("?")).c_str(), t.value("weight", 0.0),
                 static_cast<unsigned long long>(t.value("total_items", uint64_t{0})),
                 static_cast<unsigned long long>(t.value("processed_items", uint64_t{0})),
                 static_cast<unsigned long long>(t.value("remaining_items", uint64_t{0})),
                 static_cast<unsigned long long>(t.value("completed_commands", uint64_t{0})),
                 static_cast<unsigned long long>(t.value("dispatches", uint64_t{0})),
-                t.value("device_time_s", 0.0), t.value("usage_s", 0.0));
+                t.value("device_time_s", 0.0), t.value("unsplit_kernel_s", 0.0),
+                t.value("usage_s", 0.0));
   }
   const auto sch = j.value("scheduler", nlohmann::json::object());
   std::printf("scheduler thread: %.0f ns per dispatch over %llu dispatches\n",
