@@ -151,25 +151,59 @@ Result<std::map<std::string, std::map<std::string, double>>> ParsePolicyParams(
   return out;
 }
 
+// A tenant's OpenCL objects: the first platform's first device, an in-order queue, and kernel
+// `name` built from `source`. Returns 0 or the tenant's exit code for the step that failed.
+struct TenantCl {
+  cl_device_id dev = nullptr;
+  cl_context ctx = nullptr;
+  cl_command_queue q = nullptr;
+  cl_program p = nullptr;
+  cl_kernel k = nullptr;
+  ~TenantCl() {
+    if (k != nullptr) clReleaseKernel(k);
+    if (p != nullptr) clReleaseProgram(p);
+    if (q != nullptr) clReleaseCommandQueue(q);
+    if (ctx != nullptr) clReleaseContext(ctx);
+  }
+};
+
+int OpenTenantCl(const char* source, const char* name, TenantCl& cl) {
+  cl_platform_id platform;
+  cl_uint np = 0;
+  if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
+  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &cl.dev, nullptr) != CL_SUCCESS) return 11;
+  cl_int err;
+  cl.ctx = clCreateContext(nullptr, 1, &cl.dev, nullptr, nullptr, &err);
+  if (err != CL_SUCCESS) return 12;
+  cl.q = clCreateCommandQueue(cl.ctx, cl.dev, 0, &err);
+  cl.p = clCreateProgramWithSource(cl.ctx, 1, &source, nullptr, &err);
+  if (clBuildProgram(cl.p, 1, &cl.dev, "", nullptr, nullptr) != CL_SUCCESS) return 13;
+  cl.k = clCreateKernel(cl.p, name, &err);
+  return err == CL_SUCCESS ? 0 : 14;
+}
+
+bool WriteAll(int fd, const std::string& out) {
+  size_t off = 0;
+  while (off < out.size()) {
+    ssize_t w = ::write(fd, out.data() + off, out.size() - off);
+    if (w <= 0) return false;
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+
 // One tenant process: builds its program, reports "ready", waits for the start byte, then keeps
 // `depth` launches outstanding until `run_s` has passed; writes its latencies and exits.
 int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd);
 
 int TenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd) {
   if (t.mult > 0) return SpinTenantMain(t, depth, run_s, ready_fd, start_fd);
-  cl_platform_id platform;
-  cl_uint np = 0;
-  if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
-  cl_device_id dev;
-  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr) != CL_SUCCESS) return 11;
+  TenantCl cl;
+  if (int failed = OpenTenantCl(kSource, "matmul", cl); failed != 0) return failed;
+  cl_context ctx = cl.ctx;
+  cl_command_queue q = cl.q;
+  cl_kernel k = cl.k;
   cl_int err;
-  cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
-  if (err != CL_SUCCESS) return 12;
-  cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
-  cl_program p = clCreateProgramWithSource(ctx, 1, &kSource, nullptr, &err);
-  if (clBuildProgram(p, 1, &dev, "", nullptr, nullptr) != CL_SUCCESS) return 13;
-  cl_kernel k = clCreateKernel(p, "matmul", &err);
-  if (err != CL_SUCCESS) return 14;
   const int n = t.n;
   std::vector<float> A(static_cast<size_t>(n) * n), B(A.size()), C(A.size());
   for (size_t i = 0; i < A.size(); ++i) {
@@ -236,52 +270,27 @@ int TenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int s
     }
   }
   if (wrong != 0) return 22;
-  size_t off = 0;
-  while (off < out.size()) {
-    ssize_t w = ::write(ready_fd, out.data() + off, out.size() - off);
-    if (w <= 0) return 23;
-    off += static_cast<size_t>(w);
-  }
+  if (!WriteAll(ready_fd, out)) return 23;
   clReleaseMemObject(dA);
   clReleaseMemObject(dB);
   clReleaseMemObject(dC);
-  clReleaseKernel(k);
-  clReleaseProgram(p);
-  clReleaseCommandQueue(q);
-  clReleaseContext(ctx);
   return 0;
-}
-
-bool WriteAll(int fd, const std::string& out) {
-  size_t off = 0;
-  while (off < out.size()) {
-    ssize_t w = ::write(fd, out.data() + off, out.size() - off);
-    if (w <= 0) return false;
-    off += static_cast<size_t>(w);
-  }
-  return true;
 }
 
 // A closed-loop (depth 1: one launch, then clFinish) or open-loop spin tenant, written the way an
 // ordinary program is: a std::vector, blocking calls. Same protocol as TenantMain.
 int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd) {
-  cl_platform_id platform;
-  cl_uint np = 0;
-  if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
-  cl_device_id dev;
-  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr) != CL_SUCCESS) return 11;
+  TenantCl cl;
+  if (int failed = OpenTenantCl(t.splittable ? kSpinSource : kGroupedSource, "spin", cl);
+      failed != 0) {
+    return failed;
+  }
+  cl_command_queue q = cl.q;
+  cl_kernel k = cl.k;
   cl_int err;
-  cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
-  if (err != CL_SUCCESS) return 12;
-  cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
-  const char* source = t.splittable ? kSpinSource : kGroupedSource;
-  cl_program p = clCreateProgramWithSource(ctx, 1, &source, nullptr, &err);
-  if (clBuildProgram(p, 1, &dev, "", nullptr, nullptr) != CL_SUCCESS) return 13;
-  cl_kernel k = clCreateKernel(p, "spin", &err);
-  if (err != CL_SUCCESS) return 14;
   const size_t items = static_cast<size_t>(kSpinItems) * static_cast<size_t>(t.mult);
   std::vector<float> host(items, -1.0f);
-  cl_mem out = clCreateBuffer(ctx, CL_MEM_WRITE_ONLY, items * sizeof(float), nullptr, &err);
+  cl_mem out = clCreateBuffer(cl.ctx, CL_MEM_WRITE_ONLY, items * sizeof(float), nullptr, &err);
   if (err != CL_SUCCESS) return 15;
   const int iters = kSpinIters;
   clSetKernelArg(k, 0, sizeof(cl_mem), &out);
@@ -343,10 +352,6 @@ int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, i
   }
   if (!WriteAll(ready_fd, log)) return 23;
   clReleaseMemObject(out);
-  clReleaseKernel(k);
-  clReleaseProgram(p);
-  clReleaseCommandQueue(q);
-  clReleaseContext(ctx);
   return 0;
 }
 
@@ -654,7 +659,8 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
         r["share_basis"] = "work rate against the tenant alone";
         r["total_work"] = total;  // Σ share_i: 1 = the device as busy as each tenant alone
         if (p == "fifo") fifo_total = total;
-        r["total_vs_fifo"] = fifo_total > 0 ? total / fifo_total : 0;
+        // (null when fifo did not run before this policy in the same invocation)
+        r["total_vs_fifo"] = fifo_total > 0 ? json(total / fifo_total) : json(nullptr);
         r["jain"] = core::JainIndex(w, norm);
         r["max_share_error"] = worst;
         std::vector<double> shares;
@@ -682,10 +688,13 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
       }
       if (r.contains("total_vs_fifo")) {
         char b[96];
-        std::snprintf(b, sizeof(b), "| err %.3f, work %.2f (%.2fx fifo)",
-                      r["max_share_error"].get<double>(), r["total_work"].get<double>(),
-                      r["total_vs_fifo"].get<double>());
+        std::snprintf(b, sizeof(b), "| err %.3f, work %.2f", r["max_share_error"].get<double>(),
+                      r["total_work"].get<double>());
         sh += b;
+        if (r["total_vs_fifo"].is_number()) {
+          std::snprintf(b, sizeof(b), " (%.2fx fifo)", r["total_vs_fifo"].get<double>());
+          sh += b;
+        }
       }
       std::printf("%-17s %-7s %7.3f %6.3f %8.2f %14.0f %9.0f  %s\n",
                   r["label"].get<std::string>().c_str(), r["policy"].get<std::string>().c_str(),
