@@ -594,13 +594,22 @@ int RunDemoFairness(const DemoFairnessOptions& o) {
       return 2;
     }
   }
+  const std::vector<Setup> setups = AllSetups();
+  std::string known;
+  for (const Setup& s : setups) known += (known.empty() ? "" : ", ") + s.label;
+  for (const std::string& w : wanted) {
+    if (std::none_of(setups.begin(), setups.end(), [&](const Setup& s) { return s.label == w; })) {
+      std::cerr << "gmux demo fairness: unknown setup '" << w << "' (known: " << known << ")\n";
+      return 2;
+    }
+  }
   json runs = json::array();
   if (::getuid() != 0 && !o.json) {
     std::cerr << "(not root: every tenant process runs as the caller's uid and so is one tenant;"
                  " run as root for a meaningful experiment)\n";
   }
   int failures = 0;
-  for (const Setup& s : AllSetups()) {
+  for (const Setup& s : setups) {
     if (std::find(wanted.begin(), wanted.end(), s.label) == wanted.end()) continue;
     // Normalised setups: every tenant alone first (fifo: a lone tenant is never held back or
     // split under any policy), for its work rate and latency alone.

@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
   fair->add_option("--policies", fair_opts.policies, "Comma-separated policies")
       ->capture_default_str();
   fair->add_option("--setups", fair_opts.setups,
-                   "Comma-separated setups: kangyu, vmcg-equal, vmcg-weighted")
+                   "Comma-separated setups: kangyu, vmcg-equal, vmcg-weighted; closed loops: "
+                   "closed-211, closed-equal, small-among-large, open-closed, unsplittable, eight")
       ->capture_default_str();
   fair->add_option("--param", fair_opts.params,
                    "Policy parameter POLICY.KEY=VALUE, repeatable (e.g. split.beta=256, "
@@ -115,7 +116,9 @@ int main(int argc, char** argv) {
   fair->footer(
       "Each run starts its own gmuxd on a temp socket; tenants are separate processes (own uids\n"
       "when run as root). Shares are each tenant's device time in the measured window, from the\n"
-      "daemon's profiling; throughput is work-items completed per second. Takes ~1 min.");
+      "daemon's profiling; throughput is work-items completed per second. Takes ~1 min.\n"
+      "Closed-loop setups run every tenant alone first; their shares are work rates against\n"
+      "alone, with the total work against fifo's when fifo runs first (docs/operations.md).\n");
 
   CLI::App* bench = app.add_subcommand(
       "bench", "Plain OpenCL programs natively and through gmux in one run, with the ratios");
