@@ -284,7 +284,7 @@ bool CreditPolicy::ExpressOk(TenantId tenant, TimePoint now) const {
   if (it == tenants_.end()) return false;
   for (const auto& [id, t] : tenants_) {
     // (A tenant within its think grace counts as having work: it may be cut in chunks for.)
-    if (id != tenant && (!t.channel.empty() || t.in_flight > 0 || Thinking(t, now))) return false;
+    if (id != tenant && WantsDevice(t, now)) return false;
   }
   return it->second.credit1_ns > 0 || !HolderGraceEnd(now, tenant);
 }
@@ -629,9 +629,13 @@ std::optional<TimePoint> CreditPolicy::HolderGraceEnd(TimePoint now, TenantId ex
   return end;
 }
 
+bool CreditPolicy::WantsDevice(const TenantState& t, TimePoint now) const {
+  return !t.channel.empty() || t.in_flight > 0 || Thinking(t, now);
+}
+
 bool CreditPolicy::OthersActive(TenantId id, TimePoint now) const {
   for (const auto& [other, t] : tenants_) {
-    if (other != id && (!t.channel.empty() || t.in_flight > 0 || Thinking(t, now))) return true;
+    if (other != id && WantsDevice(t, now)) return true;
   }
   return false;
 }
@@ -642,8 +646,7 @@ Duration CreditPolicy::ChunkTarget(TimePoint now) const {
   // tenant with short launches waits about one of its own launches, not one of the others'.
   int64_t shortest = options_.slice_max.count();
   for (const auto& [id, t] : tenants_) {
-    const bool active = !t.channel.empty() || t.in_flight > 0 || Thinking(t, now);
-    if (active && t.block_ns > 0) shortest = std::min(shortest, t.block_ns);
+    if (WantsDevice(t, now) && t.block_ns > 0) shortest = std::min(shortest, t.block_ns);
   }
   return Duration(std::clamp<int64_t>(shortest, options_.chunk_min.count(),
                                       std::max(options_.chunk_min.count(), options_.slice_max.count())));

@@ -54,6 +54,19 @@
 //     keeps them, so neither the timer's phase nor a long block of another tenant costs it.
 //     Trigger (b) adds as many allocations as needed for one pending tenant to reach credit1 > 0.
 //
+//   Slices and closed loops (not in the paper; docs/policies.md, credit, "Slices and closed
+//     loops"), on by default (owed_first, split_kernels):
+//     - splittable kernels run in chunks of about ChunkTarget() of device time (the shortest
+//       whole-block time among the tenants that want the device, in [chunk_min, slice_max]),
+//       sized from the tenant's measured device time per work-item, whenever another tenant
+//       wants the device; alone, blocks run whole;
+//     - a tenant that went quiet less than its grace ago (4 × its measured think time, in
+//       [idle_grace, think_grace_max]) still wants the device: its credits are not capped, its
+//       capacity is not spare, and a chunk target counts its launches;
+//     - each dispatch goes to the eligible tenant with the most of its allocation left
+//       (credit1 / credit2), and while a thinking tenant is owed more than that one and a
+//       dispatch is running, nothing more is queued (Pick() holds until its grace ends).
+//
 // Invariants (checked by tests/core/credit_policy_test.cc and policy_property_test.cc):
 //   - credit1[i] ≥ 0 and debt[i] ≥ 0, never both > 0.
 //   - Blocks of one tenant are dispatched whole, in Submit() order.
@@ -215,6 +228,8 @@ class CreditPolicy final : public Policy {
   std::optional<TenantId> MostOwed() const;
   int64_t GraceNs(const TenantState& t) const;
   bool Thinking(const TenantState& t, TimePoint now) const;
+  // Work queued or running, or within its think grace.
+  bool WantsDevice(const TenantState& t, TimePoint now) const;
   bool OthersActive(TenantId id, TimePoint now) const;
   // The earliest end of a thinking credit holder's grace (nullopt: none is thinking).
   std::optional<TimePoint> HolderGraceEnd(TimePoint now, TenantId except = kNoTenant) const;
