@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -206,6 +207,31 @@ TEST(KernelScenarioTest, KangYuSplitLowersShortTaskDeviation) {
   for (const auto& [params, d] : short_deviation) {
     EXPECT_LT(d.at("split"), 0.5 * d.at("fifo")) << params;
   }
+}
+
+// Closed loops: the shipped scenario runs, and credit gives every tenant its weight's share
+// where fifo follows launch size.
+TEST(KernelScenarioTest, ClosedLoopsCreditMeetsTheWeights) {
+  auto out = RunFile("closed-loops.toml");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  int checked = 0;
+  for (const auto& r : out->json["runs"]) {
+    if (r["params"]["experiment"] == "x1-alone") continue;
+    double wsum = 0;
+    for (const auto& t : r["tenants"]) wsum += t["weight"].get<double>();
+    double worst = 0;
+    for (const auto& t : r["tenants"]) {
+      worst = std::max(worst, std::fabs(t["share"].get<double>() - t["weight"].get<double>() / wsum));
+    }
+    const std::string policy = r["policy"];
+    if (policy == "credit") {
+      EXPECT_LT(worst, 0.03) << r["label"];
+      ++checked;
+    } else if (policy == "fifo") {
+      EXPECT_GT(worst, 0.2) << r["label"];
+    }
+  }
+  EXPECT_EQ(checked, 2);
 }
 
 }  // namespace
