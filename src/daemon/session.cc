@@ -287,7 +287,8 @@ bool IsHandleParam(uint32_t p) {
   switch (p) {
     case CL_DEVICE_PLATFORM: case CL_DEVICE_PARENT_DEVICE:
     case CL_CONTEXT_DEVICES: case CL_CONTEXT_PROPERTIES:
-    case CL_QUEUE_CONTEXT: case CL_QUEUE_DEVICE:
+    case CL_QUEUE_CONTEXT: case CL_QUEUE_DEVICE: case CL_QUEUE_DEVICE_DEFAULT:
+    case CL_SAMPLER_CONTEXT:
     case CL_MEM_CONTEXT: case CL_MEM_ASSOCIATED_MEMOBJECT: case CL_MEM_HOST_PTR:
     case CL_IMAGE_BUFFER:
     case CL_PROGRAM_CONTEXT: case CL_PROGRAM_DEVICES:
@@ -674,6 +675,72 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       obj.devices = std::move(idx);
       obj.from_binary = true;
       programs_[r.getId()] = std::move(obj);
+      return {};
+    }
+
+    case wire::Request::CREATE_PROGRAM_WITH_I_L: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
+      auto r = req.getCreateProgramWithIL();
+      if (programs_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "program id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      auto il = r.getIl();
+      if (il.size() == 0) return {CL_INVALID_VALUE, "empty IL"};
+      // A vendor ICD older than OpenCL 2.1 leaves the slot empty.
+      if (cl_.clCreateProgramWithIL == nullptr) {
+        return {CL_INVALID_OPERATION, "the backend does not take IL programs"};
+      }
+      cl_int err = CL_SUCCESS;
+      cl_program p = cl_.clCreateProgramWithIL(ctx->ctx->h, il.begin(), il.size(), &err);
+      if (p == nullptr) return {err != CL_SUCCESS ? err : CL_INVALID_VALUE, "clCreateProgramWithIL failed"};
+      ProgramObj obj;
+      obj.program = Adopt(p);
+      obj.devices = ctx->devices;
+      obj.from_binary = true;  // no source to scan: its kernels run whole
+      programs_[r.getId()] = std::move(obj);
+      return {};
+    }
+
+    case wire::Request::CREATE_PROGRAM_WITH_BUILT_IN_KERNELS: {
+      if (Err e = CheckObjects(); !e.ok()) return e;
+      auto r = req.getCreateProgramWithBuiltInKernels();
+      if (programs_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "program id in use"};
+      GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
+      std::vector<cl_device_id> dv;
+      std::vector<uint32_t> idx;
+      for (uint64_t d : r.getDevices()) {
+        if (std::find(ctx->devices.begin(), ctx->devices.end(), d) == ctx->devices.end()) {
+          return {CL_INVALID_DEVICE, "device is not in the context"};
+        }
+        dv.push_back(backend_.devices()[d]);
+        idx.push_back(static_cast<uint32_t>(d));
+      }
+      if (dv.empty()) return {CL_INVALID_VALUE, "no devices"};
+      cl_int err = CL_SUCCESS;
+      cl_program p = cl_.clCreateProgramWithBuiltInKernels(
+          ctx->ctx->h, static_cast<cl_uint>(dv.size()), dv.data(), r.getKernelNames().cStr(), &err);
+      if (p == nullptr) {
+        return {err != CL_SUCCESS ? err : CL_INVALID_VALUE, "clCreateProgramWithBuiltInKernels failed"};
+      }
+      ProgramObj obj;
+      obj.program = Adopt(p);
+      obj.devices = std::move(idx);
+      obj.from_binary = true;  // built in: no source, so its kernels run whole
+      obj.built = true;
+      programs_[r.getId()] = std::move(obj);
+      return {};
+    }
+
+    case wire::Request::SET_SPEC_CONSTANT: {
+      auto r = req.getSetSpecConstant();
+      GMUX_LOOKUP(p, programs_, r.getProgram(), CL_INVALID_PROGRAM, "program");
+      auto v = r.getValue();
+      if (v.size() == 0) return {CL_INVALID_VALUE, "empty specialization constant value"};
+      if (cl_.clSetProgramSpecializationConstant == nullptr) {
+        return {CL_INVALID_OPERATION, "the backend has no specialization constants"};
+      }
+      cl_int err = cl_.clSetProgramSpecializationConstant(p->program->h, r.getSpecId(), v.size(),
+                                                          v.begin());
+      if (err != CL_SUCCESS) return {err, "clSetProgramSpecializationConstant failed"};
       return {};
     }
 
@@ -1090,6 +1157,19 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
     case wire::ObjectKind::KERNEL: {
       GMUX_LOOKUP(k, kernels_, id, CL_INVALID_KERNEL, "kernel");
       cl_kernel h = k->kernel->h;
+      if (r.getSubGroup()) {
+        if (dev == nullptr) return {CL_INVALID_DEVICE, "sub-group info needs a device"};
+        if (cl_.clGetKernelSubGroupInfo == nullptr) {
+          return {CL_INVALID_OPERATION, "the backend has no sub-group queries"};
+        }
+        auto in = r.getInput();
+        // Inputs are a local size (up to 3 size_t) or a sub-group count.
+        if (in.size() > 3 * sizeof(size_t)) return {CL_INVALID_VALUE, "sub-group input too large"};
+        return query([&](size_t s, void* v, size_t* o) {
+          return cl_.clGetKernelSubGroupInfo(h, dev, p, in.size(),
+                                             in.size() == 0 ? nullptr : in.begin(), s, v, o);
+        });
+      }
       if (p >= CL_KERNEL_ARG_ADDRESS_QUALIFIER && p <= CL_KERNEL_ARG_NAME) {
         if (r.getArgIndex() >= k->num_args) return {CL_INVALID_ARG_INDEX, "no such argument"};
         return query([&](size_t s, void* v, size_t* o) {

@@ -129,6 +129,8 @@ struct GetInfo {
   device @3 :UInt64;       # program build info, kernel work-group info
   argIndex @4 :UInt32;     # kernel arg info
   hasDevice @5 :Bool;
+  subGroup @6 :Bool;       # kernel: clGetKernelSubGroupInfo, with `input` as its input value
+  input @7 :Data;
 }
 
 struct CreateContext {
@@ -163,6 +165,25 @@ struct CreateProgramWithSource {
   id @0 :UInt64;
   context @1 :UInt64;
   source @2 :Text;
+}
+
+struct CreateProgramWithIL {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  il @2 :Data;                # e.g. SPIR-V; its kernels always run whole (no source to scan)
+}
+
+struct CreateProgramWithBuiltInKernels {
+  id @0 :UInt64;
+  context @1 :UInt64;
+  devices @2 :List(UInt64);
+  kernelNames @3 :Text;       # semicolon-separated, as OpenCL gives them
+}
+
+struct SetSpecConstant {
+  program @0 :UInt64;
+  specId @1 :UInt32;
+  value @2 :Data;
 }
 
 struct CreateProgramWithBinary {
@@ -362,6 +383,9 @@ struct Request {
     imageFormats @24 :ImageFormats;
     shmForget @25 :UInt64;         # the inode of a shared buffer the client destroyed: the
                                    # daemon drops its kept mapping (never answered)
+    createProgramWithIL @26 :CreateProgramWithIL;
+    createProgramWithBuiltInKernels @27 :CreateProgramWithBuiltInKernels;
+    setSpecConstant @28 :SetSpecConstant;
   }
 }
 
