@@ -725,7 +725,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       obj.program = Adopt(p);
       obj.devices = std::move(idx);
       obj.from_binary = true;  // built in: no source, so its kernels run whole
-      obj.built = true;
+      // Not built yet: whether it must be, and whether building succeeds, is the backend's
+      // to say (PoCL 3.1 refuses kernels of an unbuilt built-in program).
       programs_[r.getId()] = std::move(obj);
       return {};
     }

@@ -1,7 +1,8 @@
 // The ICD's OpenCL objects. Each begins with the dispatch pointer, as the ICD loader requires,
-// followed by a kind tag used to reject foreign or stale handles, the client-assigned id the
-// daemon knows the object by, and the reference count. Objects keep the handles their info
-// queries return (context, device, program, ...) retained.
+// followed by its kind, the client-assigned id the daemon knows the object by, and the
+// reference count. Every object is in the handle registry from construction to destruction
+// (common.h's Live), which is how foreign or stale handles are rejected. Objects keep the
+// handles their info queries return (context, device, program, ...) retained.
 #pragma once
 
 #define CL_TARGET_OPENCL_VERSION 300
@@ -31,13 +32,19 @@ enum class Kind : uint32_t {
   kKernel,
   kEvent,
   kSampler,
-  kDead = 0xdeadbeef,
 };
 
 const cl_icd_dispatch* DispatchTable();
 
+// The handle registry: every live object by address.
+void RegisterHandle(const void* p, Kind k);
+void Forget(const void* p);
+
 struct ObjectHeader {
-  explicit ObjectHeader(Kind k) : dispatch(DispatchTable()), kind(k) {}
+  explicit ObjectHeader(Kind k) : dispatch(DispatchTable()), kind(k) { RegisterHandle(this, k); }
+  ~ObjectHeader() { Forget(this); }
+  ObjectHeader(const ObjectHeader&) = delete;
+  ObjectHeader& operator=(const ObjectHeader&) = delete;
   const cl_icd_dispatch* dispatch;  // must stay first
   Kind kind;
   uint64_t id = 0;
@@ -60,6 +67,10 @@ struct _cl_context : gmux::icd::ObjectHeader {
   _cl_context() : ObjectHeader(gmux::icd::Kind::kContext) {}
   std::vector<cl_device_id> devices;
   std::vector<cl_context_properties> properties;
+  std::mutex mu;  // guards destructors
+  // clSetContextDestructorCallback's callbacks, in registration order (run in reverse when the
+  // last reference is released).
+  std::vector<std::pair<void(CL_CALLBACK*)(cl_context, void*), void*>> destructors;
 };
 
 struct _cl_command_queue : gmux::icd::ObjectHeader {
@@ -67,6 +78,9 @@ struct _cl_command_queue : gmux::icd::ObjectHeader {
   cl_context context = nullptr;
   cl_device_id device = nullptr;
   cl_command_queue_properties properties = 0;
+  // clCreateCommandQueueWithProperties' list as given (CL_QUEUE_PROPERTIES_ARRAY; empty when
+  // made otherwise or with none).
+  std::vector<cl_queue_properties> properties_array;
 };
 
 struct Mapping {
@@ -104,6 +118,8 @@ struct _cl_mem : gmux::icd::ObjectHeader {
   cl_image_format format{};
   cl_image_desc desc{};
   size_t element_bytes = 0;
+  // cl*WithProperties' list as given (CL_MEM_PROPERTIES; empty when made otherwise or with none).
+  std::vector<cl_mem_properties> properties;
   bool is_image() const { return type != CL_MEM_OBJECT_BUFFER; }
 };
 
@@ -113,6 +129,8 @@ struct _cl_sampler : gmux::icd::ObjectHeader {
   cl_bool normalized_coords = CL_FALSE;
   cl_addressing_mode addressing = CL_ADDRESS_CLAMP;
   cl_filter_mode filter = CL_FILTER_NEAREST;
+  // clCreateSamplerWithProperties' list as given (CL_SAMPLER_PROPERTIES).
+  std::vector<cl_sampler_properties> properties;
 };
 
 struct _cl_program : gmux::icd::ObjectHeader {
@@ -135,6 +153,9 @@ struct _cl_kernel : gmux::icd::ObjectHeader {
   std::string name;
   std::mutex mu;  // guards args
   std::vector<KernelArgSlot> args;
+  // Each argument's address qualifier (CL_KERNEL_ARG_ADDRESS_*; 0 where the backend did not
+  // say), which tells a buffer argument from a value of pointer size.
+  std::vector<cl_uint> arg_qualifiers;
 };
 
 struct _cl_event : gmux::icd::ObjectHeader {

@@ -4,7 +4,9 @@
 // program through gmux and directly on the backend and compare.
 #pragma once
 
+#ifndef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 120
+#endif
 #include <CL/cl.h>
 
 #include <string>

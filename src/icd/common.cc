@@ -1,0 +1,199 @@
+// The handle registry, remote info queries and the Enqueuer (common.h).
+#include "icd/common.h"
+
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+
+namespace gmux::icd {
+
+// ---- handles ----
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<const void*, Kind> live;
+};
+
+// Never destroyed: objects (the platform among them) may be made and released from static
+// constructors and destructors in any order.
+Registry& Handles() {
+  static auto* r = new Registry();
+  return *r;
+}
+
+}  // namespace
+
+void RegisterHandle(const void* p, Kind k) {
+  Registry& r = Handles();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.live[p] = k;
+}
+
+void Forget(const void* p) {
+  Registry& r = Handles();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.live.erase(p);
+}
+
+bool Live(const void* p, Kind k) {
+  if (p == nullptr) return false;
+  Registry& r = Handles();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.live.find(p);
+  return it != r.live.end() && it->second == k;
+}
+
+void PostRelease(wire::ObjectKind kind, uint64_t id) {
+  Connection* c = TryConn();
+  if (c == nullptr) return;
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Request>().initRelease();
+  r.setKind(kind);
+  r.setId(id);
+  (void)c->Post(b);
+}
+
+// ---- remote info ----
+
+cl_int RemoteInfo(wire::ObjectKind kind, uint64_t id, cl_uint param, std::vector<uint8_t>& out,
+                  const _cl_device_id* device, cl_uint arg_index) {
+  Connection* c = TryConn();
+  if (c == nullptr) return CL_DEVICE_NOT_AVAILABLE;
+  capnp::MallocMessageBuilder b;
+  auto gi = b.initRoot<wire::Request>().initGetInfo();
+  gi.setKind(kind);
+  gi.setId(id);
+  gi.setParam(param);
+  gi.setArgIndex(arg_index);
+  if (device != nullptr) {
+    gi.setHasDevice(true);
+    gi.setDevice(device->index);
+  }
+  std::optional<proto::Message> reply;
+  cl_int err = c->Call(b, &reply);
+  if (err != CL_SUCCESS) return err;
+  out.clear();
+  if (reply) {
+    auto r = reply->root<wire::Reply>();
+    if (r.isInfo()) {
+      auto info = r.getInfo();  // read once: each read counts against the traversal limit
+      out.assign(info.begin(), info.end());
+    }
+  }
+  return CL_SUCCESS;
+}
+
+cl_int RemoteInfoOut(wire::ObjectKind kind, uint64_t id, cl_uint param, size_t size, void* value,
+                     size_t* size_ret, const _cl_device_id* device, cl_uint arg_index) {
+  std::vector<uint8_t> v;
+  cl_int err = RemoteInfo(kind, id, param, v, device, arg_index);
+  if (err != CL_SUCCESS) return err;
+  return CopyOut(v.data(), v.size(), size, value, size_ret);
+}
+
+// ---- enqueues ----
+
+Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_event* event_out,
+                   cl_command_type type)
+    : q_(q), event_out_(event_out), type_(type) {
+  if (!Valid(q)) {
+    err_ = CL_INVALID_COMMAND_QUEUE;
+    return;
+  }
+  if ((nwait == 0) != (waits == nullptr)) {
+    err_ = CL_INVALID_EVENT_WAIT_LIST;
+    return;
+  }
+  c_ = &Conn();
+  e_ = b_.initRoot<wire::Request>().initEnqueue();
+  e_.setQueue(q->id);
+  id_ = c_->NextId();
+  e_.setEvent(id_);
+  e_.setKeepEvent(event_out != nullptr);
+  auto l = e_.initWaitList(nwait);
+  for (cl_uint i = 0; i < nwait; ++i) {
+    if (!Valid(waits[i]) || waits[i]->context != q->context) {
+      err_ = CL_INVALID_EVENT_WAIT_LIST;
+      return;
+    }
+    l.set(i, waits[i]->id);
+  }
+}
+
+cl_int Enqueuer::Post() {
+  cl_int e = c_->Post(b_);
+  if (e == CL_SUCCESS) MakeEvent();
+  return e;
+}
+
+uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, bool keep_shm) {
+  std::function<void(cl_int)> none;
+  if (!blocking) none = [](cl_int) {};
+  uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm, keep_shm);
+  MakeEvent();
+  return seq;
+}
+
+cl_int Enqueuer::PostReleasing(ShmBuffer held) {
+  if (!held.valid()) return Post();
+  Connection* c = c_;
+  c_->Begin(b_, nullptr, 0, [c, held](cl_int) { c->ReleaseShm(held); });
+  MakeEvent();
+  return CL_SUCCESS;
+}
+
+uint64_t Enqueuer::BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking) {
+  if (c_->UseShm(size)) {
+    ShmBuffer buf = c_->AcquireShm(size);
+    if (buf.valid()) {
+      r.setShm(true);
+      return Begin(dst, size, blocking, buf);
+    }
+  }
+  return Begin(dst, size, blocking);
+}
+
+void Enqueuer::MakeEvent() {
+  if (event_out_ != nullptr) *event_out_ = NewEvent(q_->context, q_, type_, id_);
+}
+
+cl_int MemProperties(const cl_mem_properties* props, std::vector<cl_mem_properties>& out) {
+  out.clear();
+  if (props == nullptr) return CL_SUCCESS;
+  if (*props != 0) return CL_INVALID_PROPERTY;
+  out.push_back(0);
+  return CL_SUCCESS;
+}
+
+cl_int CheckMem(cl_command_queue q, cl_mem m) {
+  if (!Valid(m)) return CL_INVALID_MEM_OBJECT;
+  if (Valid(q) && m->context != q->context) return CL_INVALID_CONTEXT;
+  return CL_SUCCESS;
+}
+
+cl_int CheckHostAccess(cl_mem m, bool read, bool write) {
+  if ((m->flags & CL_MEM_HOST_NO_ACCESS) != 0 && (read || write)) return CL_INVALID_OPERATION;
+  if (read && (m->flags & CL_MEM_HOST_WRITE_ONLY) != 0) return CL_INVALID_OPERATION;
+  if (write && (m->flags & CL_MEM_HOST_READ_ONLY) != 0) return CL_INVALID_OPERATION;
+  return CL_SUCCESS;
+}
+
+cl_int CheckMapAccess(cl_mem m, cl_map_flags flags) {
+  return CheckHostAccess(m, (flags & CL_MAP_READ) != 0,
+                         (flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION)) != 0);
+}
+
+void SetTriple(capnp::List<uint64_t>::Builder l, const size_t v[3]) {
+  for (unsigned i = 0; i < 3; ++i) l.set(i, v[i]);
+}
+
+size_t HostRectBytes(const size_t origin[3], const size_t region[3], size_t row, size_t slice) {
+  if (row == 0) row = region[0];
+  if (slice == 0) slice = region[1] * row;
+  return (origin[2] + region[2] - 1) * slice + (origin[1] + region[1] - 1) * row + origin[0] +
+         region[0];
+}
+
+}  // namespace gmux::icd

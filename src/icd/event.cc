@@ -1,0 +1,106 @@
+// Events: waiting, info, callbacks, user events.
+#include "icd/common.h"
+
+namespace gmux::icd {
+
+cl_event NewEvent(cl_context ctx, cl_command_queue q, cl_command_type type, uint64_t id) {
+  auto* e = new _cl_event();
+  e->id = id;
+  e->context = ctx;
+  e->queue = q;
+  e->type = type;
+  RetainContext(ctx);
+  if (q != nullptr) RetainCommandQueue(q);
+  return e;
+}
+
+cl_int CL_API_CALL RetainEvent(cl_event e) { return Retain(e); }
+cl_int CL_API_CALL ReleaseEvent(cl_event e) { return Release(e); }
+
+void Destroy(_cl_event* e) {
+  cl_context ctx = e->context;
+  cl_command_queue q = e->queue;
+  delete e;
+  if (q != nullptr) ReleaseCommandQueue(q);
+  ReleaseContext(ctx);
+}
+
+cl_int CL_API_CALL WaitForEvents(cl_uint n, const cl_event* events) {
+  if (n == 0 || events == nullptr) return CL_INVALID_VALUE;
+  capnp::MallocMessageBuilder b;
+  auto l = b.initRoot<wire::Request>().initWaitEvents(n);
+  for (cl_uint i = 0; i < n; ++i) {
+    if (!Valid(events[i])) return CL_INVALID_EVENT;
+    if (events[i]->context != events[0]->context) return CL_INVALID_CONTEXT;
+    l.set(i, events[i]->id);
+  }
+  return Conn().Call(b);
+}
+
+cl_int CL_API_CALL GetEventInfo(cl_event e, cl_event_info param, size_t size, void* value,
+                                size_t* size_ret) {
+  if (!Valid(e)) return CL_INVALID_EVENT;
+  switch (param) {
+    case CL_EVENT_COMMAND_QUEUE: return Scalar(e->queue, size, value, size_ret);
+    case CL_EVENT_CONTEXT: return Scalar(e->context, size, value, size_ret);
+    case CL_EVENT_COMMAND_TYPE: return Scalar(e->type, size, value, size_ret);
+    case CL_EVENT_REFERENCE_COUNT: return Scalar(RefCount(e), size, value, size_ret);
+    case CL_EVENT_COMMAND_EXECUTION_STATUS:
+      return RemoteInfoOut(wire::ObjectKind::EVENT, e->id, param, size, value, size_ret);
+    default: return CL_INVALID_VALUE;
+  }
+}
+
+cl_int CL_API_CALL GetEventProfilingInfo(cl_event e, cl_profiling_info param, size_t size,
+                                         void* value, size_t* size_ret) {
+  if (!Valid(e)) return CL_INVALID_EVENT;
+  if (e->queue == nullptr || (e->queue->properties & CL_QUEUE_PROFILING_ENABLE) == 0) {
+    return CL_PROFILING_INFO_NOT_AVAILABLE;
+  }
+  return RemoteInfoOut(wire::ObjectKind::EVENT, e->id, param, size, value, size_ret);
+}
+
+cl_int CL_API_CALL SetEventCallback(cl_event e, cl_int type,
+                                    void(CL_CALLBACK* fn)(cl_event, cl_int, void*), void* user) {
+  if (!Valid(e)) return CL_INVALID_EVENT;
+  if (fn == nullptr || (type != CL_COMPLETE && type != CL_SUBMITTED && type != CL_RUNNING)) {
+    return CL_INVALID_VALUE;
+  }
+  // Every callback fires when the command completes (reaching COMPLETE implies the earlier
+  // states); the event stays retained until then.
+  RetainEvent(e);
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::Request>().initWaitEvents(1).set(0, e->id);
+  Conn().Begin(b, nullptr, 0, [e, fn, user, type](cl_int status) {
+    fn(e, status == CL_SUCCESS ? type : status, user);
+    ReleaseEvent(e);
+  });
+  return CL_SUCCESS;
+}
+
+cl_event CL_API_CALL CreateUserEvent(cl_context ctx, cl_int* err) {
+  if (!Valid(ctx)) {
+    SetErr(err, CL_INVALID_CONTEXT);
+    return nullptr;
+  }
+  Connection& c = Conn();
+  cl_event e = NewEvent(ctx, nullptr, CL_COMMAND_USER, c.NextId());
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Request>().initCreateUserEvent();
+  r.setId(e->id);
+  r.setContext(ctx->id);
+  c.Post(b);
+  SetErr(err, CL_SUCCESS);
+  return e;
+}
+
+cl_int CL_API_CALL SetUserEventStatus(cl_event e, cl_int status) {
+  if (!Valid(e) || e->type != CL_COMMAND_USER) return CL_INVALID_EVENT;
+  if (status > CL_COMPLETE) return CL_INVALID_VALUE;
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Request>().initSetUserEventStatus();
+  r.setId(e->id);
+  r.setStatus(status);
+  return Conn().Call(b);
+}
+}  // namespace gmux::icd

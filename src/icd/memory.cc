@@ -1,0 +1,205 @@
+// Buffers and sub-buffers, and the info and destructor callbacks of every memory object.
+#include "icd/common.h"
+
+namespace gmux::icd {
+
+cl_mem NewMem(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr) {
+  auto* m = new _cl_mem();
+  m->id = Conn().NextId();
+  m->context = ctx;
+  m->flags = flags;
+  m->size = size;
+  m->host_ptr = host_ptr;
+  return m;
+}
+
+namespace {
+
+cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr,
+                  std::vector<cl_mem_properties> properties, cl_int* err) {
+  if (!Valid(ctx)) {
+    SetErr(err, CL_INVALID_CONTEXT);
+    return nullptr;
+  }
+  bool needs_ptr = (flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR)) != 0;
+  if (size == 0 || needs_ptr != (host_ptr != nullptr) ||
+      ((flags & CL_MEM_USE_HOST_PTR) && (flags & (CL_MEM_COPY_HOST_PTR | CL_MEM_ALLOC_HOST_PTR)))) {
+    SetErr(err, size == 0 ? CL_INVALID_BUFFER_SIZE : CL_INVALID_HOST_PTR);
+    return nullptr;
+  }
+  Connection& c = Conn();
+  uint64_t token = 0;
+  ShmBuffer held;
+  if (needs_ptr) {
+    token = c.SendBulk(host_ptr, size, &held);
+    if (token == 0) {
+      SetErr(err, CL_OUT_OF_RESOURCES);
+      return nullptr;
+    }
+  }
+  cl_mem m = NewMem(ctx, flags, size, (flags & CL_MEM_USE_HOST_PTR) ? host_ptr : nullptr);
+  m->properties = std::move(properties);
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Request>().initCreateBuffer();
+  r.setId(m->id);
+  r.setContext(ctx->id);
+  r.setFlags(flags);
+  r.setSize(size);
+  r.setInitialData(token);
+  // A round trip: allocation failures (CL_INVALID_BUFFER_SIZE, out of memory) are reported here.
+  // The daemon has copied the initial data once it answers.
+  cl_int e = c.Call(b);
+  c.ReleaseShm(held);
+  if (e != CL_SUCCESS) {
+    delete m;
+    SetErr(err, e);
+    return nullptr;
+  }
+  RetainContext(ctx);
+  SetErr(err, CL_SUCCESS);
+  return m;
+}
+
+}  // namespace
+
+cl_mem CL_API_CALL CreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr,
+                                cl_int* err) {
+  return MakeBuffer(ctx, flags, size, host_ptr, {}, err);
+}
+
+cl_mem CL_API_CALL CreateBufferWithProperties(cl_context ctx, const cl_mem_properties* props,
+                                              cl_mem_flags flags, size_t size, void* host_ptr,
+                                              cl_int* err) {
+  std::vector<cl_mem_properties> list;
+  if (cl_int e = MemProperties(props, list); e != CL_SUCCESS) return Fail(err, e);
+  return MakeBuffer(ctx, flags, size, host_ptr, std::move(list), err);
+}
+
+cl_mem CL_API_CALL CreateSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_create_type type,
+                                   const void* info, cl_int* err) {
+  if (!Valid(parent) || parent->parent != nullptr) {
+    SetErr(err, CL_INVALID_MEM_OBJECT);
+    return nullptr;
+  }
+  if (type != CL_BUFFER_CREATE_TYPE_REGION || info == nullptr) {
+    SetErr(err, CL_INVALID_VALUE);
+    return nullptr;
+  }
+  const auto* region = static_cast<const cl_buffer_region*>(info);
+  if (region->size == 0) {
+    SetErr(err, CL_INVALID_BUFFER_SIZE);
+    return nullptr;
+  }
+  if (region->origin > parent->size || region->size > parent->size - region->origin) {
+    SetErr(err, CL_INVALID_VALUE);
+    return nullptr;
+  }
+  constexpr cl_mem_flags kAccess = CL_MEM_READ_WRITE | CL_MEM_READ_ONLY | CL_MEM_WRITE_ONLY;
+  constexpr cl_mem_flags kHostAccess =
+      CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+  constexpr cl_mem_flags kHostPtr =
+      CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR;
+  if (flags & kHostPtr) {
+    SetErr(err, CL_INVALID_VALUE);
+    return nullptr;
+  }
+  // Host access the parent denies cannot be given back to a sub-buffer (OpenCL 1.2, 5.2.1).
+  const bool host_conflict =
+      ((parent->flags & CL_MEM_HOST_WRITE_ONLY) != 0 && (flags & CL_MEM_HOST_READ_ONLY) != 0) ||
+      ((parent->flags & CL_MEM_HOST_READ_ONLY) != 0 && (flags & CL_MEM_HOST_WRITE_ONLY) != 0) ||
+      ((parent->flags & CL_MEM_HOST_NO_ACCESS) != 0 &&
+       (flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_WRITE_ONLY)) != 0);
+  if (host_conflict) {
+    SetErr(err, CL_INVALID_VALUE);
+    return nullptr;
+  }
+  // What the sub-buffer reports (CL_MEM_FLAGS): the flags given, with the access and host
+  // access flags not given and the host pointer flags inherited from the parent, as OpenCL
+  // requires. The backend gets the flags given, with the parent's access flags when none are.
+  cl_mem_flags reported = flags | (parent->flags & kHostPtr);
+  if ((flags & kAccess) == 0) reported |= parent->flags & kAccess;
+  if ((flags & kHostAccess) == 0) reported |= parent->flags & kHostAccess;
+  if ((flags & kAccess) == 0) flags |= parent->flags & kAccess;
+  Connection& c = Conn();
+  cl_mem m = NewMem(parent->context, reported, region->size,
+                    parent->host_ptr ? static_cast<uint8_t*>(parent->host_ptr) + region->origin : nullptr);
+  m->parent = parent;
+  m->origin = region->origin;
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<wire::Request>().initCreateSubBuffer();
+  r.setId(m->id);
+  r.setParent(parent->id);
+  r.setFlags(flags);
+  r.setOrigin(region->origin);
+  r.setSize(region->size);
+  cl_int e = c.Call(b);
+  if (e != CL_SUCCESS) {
+    delete m;
+    SetErr(err, e);
+    return nullptr;
+  }
+  parent->refs.fetch_add(1);
+  RetainContext(m->context);
+  SetErr(err, CL_SUCCESS);
+  return m;
+}
+
+cl_int CL_API_CALL RetainMemObject(cl_mem m) { return Retain(m); }
+cl_int CL_API_CALL ReleaseMemObject(cl_mem m) { return Release(m); }
+
+void Destroy(_cl_mem* m) {
+  cl_mem parent = m->parent;
+  cl_context ctx = m->context;
+  for (auto& map : m->maps) {
+    if (map.owned) std::free(map.ptr);
+  }
+  // The object is gone for the ICD (its handle is rejected from now on): the destructor
+  // callbacks run now, the last registered first (OpenCL 1.2 section 5.4.1).
+  for (auto it = m->destructors.rbegin(); it != m->destructors.rend(); ++it) {
+    it->first(m, it->second);
+  }
+  delete m;
+  if (parent != nullptr) ReleaseMemObject(parent);
+  ReleaseContext(ctx);
+}
+
+cl_int CL_API_CALL SetMemObjectDestructorCallback(cl_mem m,
+                                                  void(CL_CALLBACK* fn)(cl_mem, void*),
+                                                  void* user) {
+  if (!Valid(m)) return CL_INVALID_MEM_OBJECT;
+  if (fn == nullptr) return CL_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(m->mu);
+  m->destructors.emplace_back(fn, user);
+  return CL_SUCCESS;
+}
+
+cl_int CL_API_CALL GetMemObjectInfo(cl_mem m, cl_mem_info param, size_t size, void* value,
+                                    size_t* size_ret) {
+  if (!Valid(m)) return CL_INVALID_MEM_OBJECT;
+  switch (param) {
+    case CL_MEM_TYPE: return Scalar<cl_mem_object_type>(m->type, size, value, size_ret);
+    case CL_MEM_FLAGS: return Scalar(m->flags, size, value, size_ret);
+    case CL_MEM_SIZE:
+      if (m->is_image()) break;  // the backend's allocation
+      return Scalar(m->size, size, value, size_ret);
+    case CL_MEM_HOST_PTR: return Scalar(m->host_ptr, size, value, size_ret);
+    case CL_MEM_MAP_COUNT: {
+      std::lock_guard<std::mutex> lock(m->mu);
+      return Scalar<cl_uint>(static_cast<cl_uint>(m->maps.size()), size, value, size_ret);
+    }
+    case CL_MEM_REFERENCE_COUNT: return Scalar(RefCount(m), size, value, size_ret);
+    case CL_MEM_CONTEXT: return Scalar(m->context, size, value, size_ret);
+    case CL_MEM_ASSOCIATED_MEMOBJECT: return Scalar(m->parent, size, value, size_ret);
+    case CL_MEM_OFFSET: return Scalar(m->origin, size, value, size_ret);
+    case CL_MEM_USES_SVM_POINTER: return Scalar<cl_bool>(CL_FALSE, size, value, size_ret);
+    case CL_MEM_PROPERTIES: return Array(m->properties, size, value, size_ret);
+    default: break;
+  }
+  return RemoteInfoOut(wire::ObjectKind::MEM, m->id, param, size, value, size_ret);
+}
+// No memory object made through gmux is a pipe (CL_DEVICE_PIPE_SUPPORT is false).
+cl_int CL_API_CALL GetPipeInfo(cl_mem, cl_pipe_info, size_t, void*, size_t*) {
+  return CL_INVALID_MEM_OBJECT;
+}
+
+}  // namespace gmux::icd

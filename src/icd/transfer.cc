@@ -1,0 +1,231 @@
+// Buffer transfers (read, write, copy, fill, rectangles), markers, barriers and migrations.
+#include "icd/common.h"
+
+namespace gmux::icd {
+
+cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool, size_t offset,
+                                      size_t size, const void* ptr, cl_uint nwait,
+                                      const cl_event* waits, cl_event* event) {
+  if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
+  if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  // The data is copied out now, so a blocking write returns as soon as it is sent.
+  ShmBuffer held;
+  uint64_t token = enq.conn().SendBulk(ptr, size, &held);
+  if (token == 0) return CL_OUT_OF_RESOURCES;
+  auto w = enq.cmd().initWriteBuffer();
+  w.setMem(m->id);
+  w.setOffset(offset);
+  w.setSize(size);
+  w.setBulk(token);
+  return enq.PostReleasing(held);
+}
+
+cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool blocking, size_t offset,
+                                     size_t size, void* ptr, cl_uint nwait, const cl_event* waits,
+                                     cl_event* event) {
+  if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
+  if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_READ_BUFFER);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  auto r = enq.cmd().initReadBuffer();
+  r.setMem(m->id);
+  r.setOffset(offset);
+  r.setSize(size);
+  uint64_t seq = enq.BeginRead(r, ptr, size, blocking);
+  return blocking ? enq.conn().Wait(seq) : CL_SUCCESS;
+}
+
+cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
+                                          const size_t* bo, const size_t* ho, const size_t* region,
+                                          size_t brp, size_t bsp, size_t hrp, size_t hsp,
+                                          const void* ptr, cl_uint nwait, const cl_event* waits,
+                                          cl_event* event) {
+  if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
+  if (ptr == nullptr || bo == nullptr || ho == nullptr || region == nullptr) return CL_INVALID_VALUE;
+  if (region[0] == 0 || region[1] == 0 || region[2] == 0) return CL_INVALID_VALUE;
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER_RECT);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  size_t host_bytes = HostRectBytes(ho, region, hrp, hsp);
+  ShmBuffer held;
+  uint64_t token = enq.conn().SendBulk(ptr, host_bytes, &held);
+  if (token == 0) return CL_OUT_OF_RESOURCES;
+  auto w = enq.cmd().initWriteBuffer();
+  w.setMem(m->id);
+  w.setBulk(token);
+  w.setIsRect(true);
+  auto r = w.initRect();
+  SetTriple(r.initBufferOrigin(3), bo);
+  SetTriple(r.initHostOrigin(3), ho);
+  SetTriple(r.initRegion(3), region);
+  r.setBufferRowPitch(brp);
+  r.setBufferSlicePitch(bsp);
+  r.setHostRowPitch(hrp);
+  r.setHostSlicePitch(hsp);
+  return enq.PostReleasing(held);
+}
+
+cl_int CL_API_CALL EnqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool blocking,
+                                         const size_t* bo, const size_t* ho, const size_t* region,
+                                         size_t brp, size_t bsp, size_t hrp, size_t hsp, void* ptr,
+                                         cl_uint nwait, const cl_event* waits, cl_event* event) {
+  if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
+  if (ptr == nullptr || bo == nullptr || ho == nullptr || region == nullptr) return CL_INVALID_VALUE;
+  if (region[0] == 0 || region[1] == 0 || region[2] == 0) return CL_INVALID_VALUE;
+  // The daemon returns the whole host span [0, end): read it into a staging copy and merge only
+  // the rectangle's rows, leaving the application's other bytes untouched. Such reads always
+  // block (OpenCL allows a non-blocking call to block).
+  size_t host_bytes = HostRectBytes(ho, region, hrp, hsp);
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_READ_BUFFER_RECT);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  auto r = enq.cmd().initReadBuffer();
+  r.setMem(m->id);
+  r.setIsRect(true);
+  auto rc = r.initRect();
+  SetTriple(rc.initBufferOrigin(3), bo);
+  SetTriple(rc.initHostOrigin(3), ho);
+  SetTriple(rc.initRegion(3), region);
+  rc.setBufferRowPitch(brp);
+  rc.setBufferSlicePitch(bsp);
+  rc.setHostRowPitch(hrp);
+  rc.setHostSlicePitch(hsp);
+  auto* staging = new std::vector<uint8_t>(host_bytes);
+  size_t row = hrp == 0 ? region[0] : hrp;
+  size_t slice = hsp == 0 ? region[1] * row : hsp;
+  std::array<size_t, 3> o{ho[0], ho[1], ho[2]}, g{region[0], region[1], region[2]};
+  auto merge = [staging, ptr, o, g, row, slice](cl_int status) {
+    if (status == CL_SUCCESS) {
+      for (size_t z = 0; z < g[2]; ++z) {
+        for (size_t y = 0; y < g[1]; ++y) {
+          size_t at = (o[2] + z) * slice + (o[1] + y) * row + o[0];
+          std::memcpy(static_cast<uint8_t*>(ptr) + at, staging->data() + at, g[0]);
+        }
+      }
+    }
+    delete staging;
+  };
+  // Always waits: the merge must be done before any later wait on this command returns.
+  (void)blocking;
+  uint64_t seq = enq.Begin(staging->data(), host_bytes, true);
+  cl_int e = enq.conn().Wait(seq);
+  merge(e);
+  return e;
+}
+
+cl_int CL_API_CALL EnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst, size_t so,
+                                     size_t dof, size_t size, cl_uint nwait, const cl_event* waits,
+                                     cl_event* event) {
+  if (cl_int e = CheckMem(q, src); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckMem(q, dst); e != CL_SUCCESS) return e;
+  if (size == 0 || so > src->size || size > src->size - so || dof > dst->size ||
+      size > dst->size - dof) {
+    return CL_INVALID_VALUE;
+  }
+  if (src == dst && ((so <= dof && dof < so + size) || (dof <= so && so < dof + size))) {
+    return CL_MEM_COPY_OVERLAP;
+  }
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_COPY_BUFFER);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  auto c = enq.cmd().initCopyBuffer();
+  c.setSrc(src->id);
+  c.setDst(dst->id);
+  c.setSrcOffset(so);
+  c.setDstOffset(dof);
+  c.setSize(size);
+  return enq.Post();
+}
+
+cl_int CL_API_CALL EnqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem dst,
+                                         const size_t* so, const size_t* dof, const size_t* region,
+                                         size_t srp, size_t ssp, size_t drp, size_t dsp,
+                                         cl_uint nwait, const cl_event* waits, cl_event* event) {
+  if (cl_int e = CheckMem(q, src); e != CL_SUCCESS) return e;
+  if (cl_int e = CheckMem(q, dst); e != CL_SUCCESS) return e;
+  if (so == nullptr || dof == nullptr || region == nullptr) return CL_INVALID_VALUE;
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_COPY_BUFFER_RECT);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  auto c = enq.cmd().initCopyBuffer();
+  c.setSrc(src->id);
+  c.setDst(dst->id);
+  c.setIsRect(true);
+  auto r = c.initRect();
+  SetTriple(r.initBufferOrigin(3), so);
+  SetTriple(r.initHostOrigin(3), dof);
+  SetTriple(r.initRegion(3), region);
+  r.setBufferRowPitch(srp);
+  r.setBufferSlicePitch(ssp);
+  r.setHostRowPitch(drp);
+  r.setHostSlicePitch(dsp);
+  return enq.Post();
+}
+
+cl_int CL_API_CALL EnqueueFillBuffer(cl_command_queue q, cl_mem m, const void* pattern,
+                                     size_t pattern_size, size_t offset, size_t size, cl_uint nwait,
+                                     const cl_event* waits, cl_event* event) {
+  if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
+  if (pattern == nullptr || pattern_size == 0 || pattern_size > 128 ||
+      (pattern_size & (pattern_size - 1)) != 0 || offset % pattern_size != 0 ||
+      size % pattern_size != 0 || offset > m->size || size > m->size - offset) {
+    return CL_INVALID_VALUE;
+  }
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_FILL_BUFFER);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  auto f = enq.cmd().initFillBuffer();
+  f.setMem(m->id);
+  f.setPattern(kj::arrayPtr(static_cast<const kj::byte*>(pattern), pattern_size));
+  f.setOffset(offset);
+  f.setSize(size);
+  return enq.Post();
+}
+
+cl_int Marker(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_event* event,
+              bool barrier, cl_command_type type) {
+  Enqueuer enq(q, nwait, waits, event, type);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  if (barrier) {
+    enq.cmd().setBarrier();
+  } else {
+    enq.cmd().setMarker();
+  }
+  return enq.Post();
+}
+
+cl_int CL_API_CALL EnqueueMarkerWithWaitList(cl_command_queue q, cl_uint n, const cl_event* w,
+                                             cl_event* e) {
+  return Marker(q, n, w, e, false, CL_COMMAND_MARKER);
+}
+cl_int CL_API_CALL EnqueueBarrierWithWaitList(cl_command_queue q, cl_uint n, const cl_event* w,
+                                              cl_event* e) {
+  return Marker(q, n, w, e, true, CL_COMMAND_BARRIER);
+}
+cl_int CL_API_CALL EnqueueMarker(cl_command_queue q, cl_event* e) {
+  if (e == nullptr) return CL_INVALID_VALUE;
+  return Marker(q, 0, nullptr, e, false, CL_COMMAND_MARKER);
+}
+cl_int CL_API_CALL EnqueueBarrier(cl_command_queue q) {
+  return Marker(q, 0, nullptr, nullptr, true, CL_COMMAND_BARRIER);
+}
+cl_int CL_API_CALL EnqueueWaitForEvents(cl_command_queue q, cl_uint n, const cl_event* w) {
+  if (n == 0 || w == nullptr) return CL_INVALID_VALUE;
+  return Marker(q, n, w, nullptr, true, CL_COMMAND_BARRIER);
+}
+
+cl_int CL_API_CALL EnqueueMigrateMemObjects(cl_command_queue q, cl_uint nmem, const cl_mem* mems,
+                                            cl_mem_migration_flags, cl_uint nwait,
+                                            const cl_event* waits, cl_event* event) {
+  if (nmem == 0 || mems == nullptr) return CL_INVALID_VALUE;
+  for (cl_uint i = 0; i < nmem; ++i) {
+    if (cl_int e = CheckMem(q, mems[i]); e != CL_SUCCESS) return e;
+  }
+  // One device per context behind each queue: migration is ordering only.
+  Enqueuer enq(q, nwait, waits, event, CL_COMMAND_MIGRATE_MEM_OBJECTS);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  enq.cmd().setMarker();
+  return enq.Post();
+}
+}  // namespace gmux::icd
