@@ -1,0 +1,426 @@
+// The ICD's OpenCL entry points against a fake daemon: which calls the ICD answers itself and
+// which reach the daemon. Foreign, stale and wrong-kind handles are rejected without a request;
+// context, queue, buffer and reference-count queries are answered client-side; device info is
+// asked once; kernel arguments are checked against the daemon's KernelReply; a blocking read
+// assembles the daemon's inline chunks; an unasked error report surfaces at the next clFinish.
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "icd/loaded_icd.h"
+
+namespace gmux::testing {
+namespace {
+
+namespace wire = proto::wire;
+
+// Stands in for a handle the ICD did not make: the real dispatch pointer, then zeros.
+struct ForgedHandle {
+  const cl_icd_dispatch* dispatch;
+  uint64_t rest[15];
+};
+
+// A byte copy of a live object's first bytes (dispatch pointer, kind, id): still not an object.
+struct CopiedHandle {
+  alignas(16) unsigned char bytes[64];
+};
+
+CopiedHandle CopyOf(const void* live) {
+  CopiedHandle c;
+  std::memcpy(c.bytes, live, sizeof(c.bytes));
+  return c;
+}
+
+template <typename H>
+H As(void* p) {
+  return reinterpret_cast<H>(p);
+}
+
+std::vector<wire::Request::Which> Kinds(const std::vector<SeenRequest>& seen) {
+  std::vector<wire::Request::Which> out;
+  for (const auto& s : seen) out.push_back(s.which);
+  return out;
+}
+
+using IcdHandleTest = IcdTest;
+
+TEST_F(IcdHandleTest, ForeignStaleAndWrongKindContextsAreRejectedWithoutARequest) {
+  cl_int err = CL_SUCCESS;
+  cl_device_id dev = device();
+  cl_context released = cl().clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(cl().clReleaseContext(released), CL_SUCCESS);
+  ForgedHandle forged{&cl(), {}};
+  CopiedHandle copy = CopyOf(ctx_);
+  const std::vector<cl_context> bad = {nullptr, As<cl_context>(&forged),
+                                       As<cl_context>(copy.bytes),
+                                       reinterpret_cast<cl_context>(queue_), released};
+  ASSERT_EQ(Sync(), CL_SUCCESS);  // the release, batched until now, reaches the daemon
+  daemon().ClearSeen();
+  for (size_t i = 0; i < bad.size(); ++i) {
+    SCOPED_TRACE("bad context #" + std::to_string(i));
+    cl_uint n = 99;
+    EXPECT_EQ(cl().clGetContextInfo(bad[i], CL_CONTEXT_NUM_DEVICES, sizeof(n), &n, nullptr),
+              CL_INVALID_CONTEXT);
+    EXPECT_EQ(n, 99u);
+    EXPECT_EQ(cl().clRetainContext(bad[i]), CL_INVALID_CONTEXT);
+    EXPECT_EQ(cl().clReleaseContext(bad[i]), CL_INVALID_CONTEXT);
+    err = CL_SUCCESS;
+    EXPECT_EQ(cl().clCreateBuffer(bad[i], CL_MEM_READ_WRITE, 64, nullptr, &err), nullptr);
+    EXPECT_EQ(err, CL_INVALID_CONTEXT);
+    err = CL_SUCCESS;
+    EXPECT_EQ(cl().clCreateCommandQueueWithProperties(bad[i], dev, nullptr, &err), nullptr);
+    EXPECT_EQ(err, CL_INVALID_CONTEXT);
+  }
+  cl_uint n = 0;
+  EXPECT_EQ(cl().clGetContextInfo(ctx_, CL_CONTEXT_NUM_DEVICES, sizeof(n), &n, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(n, 1u);
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(Kinds(daemon().Seen()), std::vector<wire::Request::Which>{wire::Request::FINISH});
+}
+
+TEST_F(IcdHandleTest, ForeignStaleAndWrongKindKernelsAreRejectedWithoutAGetInfo) {
+  ScopedHandler handler(daemon(), [](wire::Request::Reader r) {
+    if (r.isGetInfo() && r.getGetInfo().getKind() == wire::ObjectKind::KERNEL) {
+      return Response::WithInfo(r.getSeq(), {'\0'});
+    }
+    return FakeDaemon::Default(r);
+  });
+  const char* src = "kernel void k() {}";
+  cl_int err = CL_SUCCESS;
+  cl_program p = cl().clCreateProgramWithSource(ctx_, 1, &src, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_kernel live = cl().clCreateKernel(p, "k", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_kernel released = cl().clCreateKernel(p, "k", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(cl().clReleaseKernel(released), CL_SUCCESS);
+  ForgedHandle forged{&cl(), {}};
+  CopiedHandle copy = CopyOf(live);
+  const std::vector<cl_kernel> bad = {nullptr, As<cl_kernel>(&forged), As<cl_kernel>(copy.bytes),
+                                      reinterpret_cast<cl_kernel>(p), released};
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  daemon().ClearSeen();
+  char attrs[16] = "untouched";
+  for (size_t i = 0; i < bad.size(); ++i) {
+    SCOPED_TRACE("bad kernel #" + std::to_string(i));
+    EXPECT_EQ(cl().clGetKernelInfo(bad[i], CL_KERNEL_ATTRIBUTES, sizeof(attrs), attrs, nullptr),
+              CL_INVALID_KERNEL);
+    cl_int v = 1;
+    EXPECT_EQ(cl().clSetKernelArg(bad[i], 0, sizeof(v), &v), CL_INVALID_KERNEL);
+  }
+  EXPECT_STREQ(attrs, "untouched");
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(daemon().CountInfo(wire::ObjectKind::KERNEL, CL_KERNEL_ATTRIBUTES), 0u);
+  // The same query on the live kernel does reach the daemon.
+  EXPECT_EQ(cl().clGetKernelInfo(live, CL_KERNEL_ATTRIBUTES, sizeof(attrs), attrs, nullptr),
+            CL_SUCCESS);
+  EXPECT_STREQ(attrs, "");
+  EXPECT_EQ(daemon().CountInfo(wire::ObjectKind::KERNEL, CL_KERNEL_ATTRIBUTES), 1u);
+  EXPECT_EQ(cl().clReleaseKernel(live), CL_SUCCESS);
+  EXPECT_EQ(cl().clReleaseProgram(p), CL_SUCCESS);
+}
+
+TEST_F(IcdHandleTest, StaleEventsAreRejectedWithoutARequest) {
+  ScopedHandler handler(daemon(), [](wire::Request::Reader r) {
+    if (r.isGetInfo() && r.getGetInfo().getKind() == wire::ObjectKind::EVENT) {
+      return Response::WithInfo(r.getSeq(), Bytes<cl_int>(CL_COMPLETE));
+    }
+    return FakeDaemon::Default(r);
+  });
+  cl_event live = nullptr;
+  cl_event released = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &live), CL_SUCCESS);
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &released), CL_SUCCESS);
+  ASSERT_EQ(cl().clReleaseEvent(released), CL_SUCCESS);
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  daemon().ClearSeen();
+  cl_int status = 42;
+  EXPECT_EQ(cl().clGetEventInfo(released, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status),
+                                &status, nullptr),
+            CL_INVALID_EVENT);
+  EXPECT_EQ(cl().clWaitForEvents(1, &released), CL_INVALID_EVENT);
+  EXPECT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 1, &released, nullptr),
+            CL_INVALID_EVENT_WAIT_LIST);
+  EXPECT_EQ(status, 42);
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(Kinds(daemon().Seen()), std::vector<wire::Request::Which>{wire::Request::FINISH});
+  // The live event's status is the daemon's.
+  EXPECT_EQ(cl().clGetEventInfo(live, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                                nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(status, CL_COMPLETE);
+  EXPECT_EQ(daemon().CountInfo(wire::ObjectKind::EVENT, CL_EVENT_COMMAND_EXECUTION_STATUS), 1u);
+  EXPECT_EQ(cl().clReleaseEvent(live), CL_SUCCESS);
+}
+
+using IcdLocalInfoTest = IcdTest;
+
+TEST_F(IcdLocalInfoTest, ContextQueueBufferAndReferenceCountsSendNoRequest) {
+  cl_int err = CL_SUCCESS;
+  cl_mem m = cl().clCreateBuffer(ctx_, CL_MEM_READ_ONLY | CL_MEM_HOST_NO_ACCESS, 4096, nullptr,
+                                 &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  daemon().ClearSeen();
+
+  cl_device_id devs[2] = {nullptr, nullptr};
+  size_t size = 0;
+  EXPECT_EQ(cl().clGetContextInfo(ctx_, CL_CONTEXT_DEVICES, sizeof(devs), devs, &size),
+            CL_SUCCESS);
+  EXPECT_EQ(size, sizeof(cl_device_id));
+  EXPECT_EQ(devs[0], device());
+  cl_context qctx = nullptr;
+  EXPECT_EQ(cl().clGetCommandQueueInfo(queue_, CL_QUEUE_CONTEXT, sizeof(qctx), &qctx, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(qctx, ctx_);
+  cl_device_id qdev = nullptr;
+  EXPECT_EQ(cl().clGetCommandQueueInfo(queue_, CL_QUEUE_DEVICE, sizeof(qdev), &qdev, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(qdev, device());
+  size_t msize = 0;
+  EXPECT_EQ(cl().clGetMemObjectInfo(m, CL_MEM_SIZE, sizeof(msize), &msize, nullptr), CL_SUCCESS);
+  EXPECT_EQ(msize, 4096u);
+  cl_mem_flags flags = 0;
+  EXPECT_EQ(cl().clGetMemObjectInfo(m, CL_MEM_FLAGS, sizeof(flags), &flags, nullptr), CL_SUCCESS);
+  EXPECT_EQ(flags, static_cast<cl_mem_flags>(CL_MEM_READ_ONLY | CL_MEM_HOST_NO_ACCESS));
+  cl_context mctx = nullptr;
+  EXPECT_EQ(cl().clGetMemObjectInfo(m, CL_MEM_CONTEXT, sizeof(mctx), &mctx, nullptr), CL_SUCCESS);
+  EXPECT_EQ(mctx, ctx_);
+
+  auto ctx_refs = [&] {
+    cl_uint n = 0;
+    EXPECT_EQ(cl().clGetContextInfo(ctx_, CL_CONTEXT_REFERENCE_COUNT, sizeof(n), &n, nullptr),
+              CL_SUCCESS);
+    return n;
+  };
+  auto mem_refs = [&] {
+    cl_uint n = 0;
+    EXPECT_EQ(cl().clGetMemObjectInfo(m, CL_MEM_REFERENCE_COUNT, sizeof(n), &n, nullptr),
+              CL_SUCCESS);
+    return n;
+  };
+  // The context is held by the test, the queue and the buffer.
+  EXPECT_EQ(ctx_refs(), 3u);
+  EXPECT_EQ(cl().clRetainContext(ctx_), CL_SUCCESS);
+  EXPECT_EQ(ctx_refs(), 4u);
+  EXPECT_EQ(cl().clReleaseContext(ctx_), CL_SUCCESS);
+  EXPECT_EQ(ctx_refs(), 3u);
+  EXPECT_EQ(mem_refs(), 1u);
+  EXPECT_EQ(cl().clRetainMemObject(m), CL_SUCCESS);
+  EXPECT_EQ(mem_refs(), 2u);
+  EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
+  EXPECT_EQ(mem_refs(), 1u);
+  cl_uint qrefs = 0;
+  EXPECT_EQ(cl().clRetainCommandQueue(queue_), CL_SUCCESS);
+  EXPECT_EQ(cl().clGetCommandQueueInfo(queue_, CL_QUEUE_REFERENCE_COUNT, sizeof(qrefs), &qrefs,
+                                       nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(qrefs, 2u);
+  EXPECT_EQ(cl().clReleaseCommandQueue(queue_), CL_SUCCESS);
+
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(Kinds(daemon().Seen()), std::vector<wire::Request::Which>{wire::Request::FINISH});
+
+  // The last release does tell the daemon, and the context loses the buffer's reference.
+  EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
+  EXPECT_EQ(ctx_refs(), 2u);
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::RELEASE), 1u);
+}
+
+TEST_F(IcdLocalInfoTest, DeviceInfoIsAskedOnceAndCached) {
+  ScopedHandler handler(daemon(), OnDeviceInfo(CL_DEVICE_MAX_COMPUTE_UNITS, [](uint64_t seq) {
+                          return Response::WithInfo(seq, Bytes<cl_uint>(12));
+                        }));
+  cl_uint first = 0;
+  cl_uint second = 0;
+  size_t size = 0;
+  EXPECT_EQ(cl().clGetDeviceInfo(device(), CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(first), &first,
+                                 nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(cl().clGetDeviceInfo(device(), CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(second), &second,
+                                 nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(cl().clGetDeviceInfo(device(), CL_DEVICE_MAX_COMPUTE_UNITS, 0, nullptr, &size),
+            CL_SUCCESS);
+  EXPECT_EQ(first, 12u);
+  EXPECT_EQ(second, 12u);
+  EXPECT_EQ(size, sizeof(cl_uint));
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(daemon().CountInfo(wire::ObjectKind::DEVICE, CL_DEVICE_MAX_COMPUTE_UNITS), 1u);
+}
+
+// ---- kernel arguments ----
+
+constexpr uint32_t kNumArgs = 40;
+
+class IcdKernelArgsTest : public IcdTest {
+ protected:
+  // The daemon's KernelReply for every kernel: kNumArgs private (by-value) arguments.
+  static Response KernelOf40(wire::Request::Reader r) {
+    if (!r.isCreateKernel()) return FakeDaemon::Default(r);
+    Response resp;
+    auto kr = resp.AddReply(r.getSeq()).initKernel();
+    kr.setNumArgs(kNumArgs);
+    auto quals = kr.initArgAddressQualifiers(kNumArgs);
+    for (unsigned i = 0; i < kNumArgs; ++i) quals.set(i, CL_KERNEL_ARG_ADDRESS_PRIVATE);
+    return resp;
+  }
+
+  void MakeKernel() {
+    const char* src = "kernel void k40(int a0 /* ... a39 */) {}";
+    cl_int err = CL_SUCCESS;
+    program_ = cl().clCreateProgramWithSource(ctx_, 1, &src, nullptr, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    kernel_ = cl().clCreateKernel(program_, "k40", &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+  }
+
+  void TearDown() override {
+    if (kernel_ != nullptr) cl().clReleaseKernel(kernel_);
+    if (program_ != nullptr) cl().clReleaseProgram(program_);
+    IcdTest::TearDown();
+  }
+
+  cl_program program_ = nullptr;
+  cl_kernel kernel_ = nullptr;
+};
+
+TEST_F(IcdKernelArgsTest, ArgumentIndexesFollowTheDaemonsKernelReply) {
+  ScopedHandler handler(daemon(), KernelOf40);
+  ASSERT_NO_FATAL_FAILURE(MakeKernel());
+  cl_uint n = 0;
+  EXPECT_EQ(cl().clGetKernelInfo(kernel_, CL_KERNEL_NUM_ARGS, sizeof(n), &n, nullptr), CL_SUCCESS);
+  EXPECT_EQ(n, kNumArgs);
+  cl_int v = 39;
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, kNumArgs - 1, sizeof(v), &v), CL_SUCCESS);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, kNumArgs, sizeof(v), &v), CL_INVALID_ARG_INDEX);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 0xFFFFFFFFu, sizeof(v), &v), CL_INVALID_ARG_INDEX);
+}
+
+TEST_F(IcdKernelArgsTest, LaunchWithAnUnsetArgumentFailsWithoutAnEnqueue) {
+  std::atomic<int> sent_args{-1};
+  std::atomic<int32_t> sent_last{0};
+  ScopedHandler handler(daemon(), [&](wire::Request::Reader r) {
+    if (r.isEnqueue() && r.getEnqueue().isNdrange()) {
+      auto args = r.getEnqueue().getNdrange().getArgs();
+      sent_args = static_cast<int>(args.size());
+      if (args.size() == kNumArgs && args[kNumArgs - 1].isValue() &&
+          args[kNumArgs - 1].getValue().size() == sizeof(int32_t)) {
+        int32_t v = 0;
+        std::memcpy(&v, args[kNumArgs - 1].getValue().begin(), sizeof(v));
+        sent_last = v;
+      }
+    }
+    return KernelOf40(r);
+  });
+  ASSERT_NO_FATAL_FAILURE(MakeKernel());
+  for (cl_int i = 0; i < static_cast<cl_int>(kNumArgs); ++i) {
+    if (i == 17) continue;
+    ASSERT_EQ(cl().clSetKernelArg(kernel_, static_cast<cl_uint>(i), sizeof(i), &i), CL_SUCCESS);
+  }
+  const size_t global = 64;
+  daemon().ClearSeen();
+  EXPECT_EQ(cl().clEnqueueNDRangeKernel(queue_, kernel_, 1, nullptr, &global, nullptr, 0, nullptr,
+                                        nullptr),
+            CL_INVALID_KERNEL_ARGS);
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::ENQUEUE), 0u);
+  EXPECT_EQ(sent_args.load(), -1);
+
+  // With the argument set the launch goes out, every argument with it.
+  cl_int v17 = 17;
+  ASSERT_EQ(cl().clSetKernelArg(kernel_, 17, sizeof(v17), &v17), CL_SUCCESS);
+  EXPECT_EQ(cl().clEnqueueNDRangeKernel(queue_, kernel_, 1, nullptr, &global, nullptr, 0, nullptr,
+                                        nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::ENQUEUE), 1u);
+  EXPECT_EQ(sent_args.load(), static_cast<int>(kNumArgs));
+  EXPECT_EQ(sent_last.load(), 39);
+}
+
+// ---- transfers and errors ----
+
+using IcdReadBufferTest = IcdTest;
+
+TEST_F(IcdReadBufferTest, BlockingReadReceivesTheInlineChunks) {
+  std::atomic<uint64_t> asked_offset{0};
+  std::atomic<uint64_t> asked_size{0};
+  std::atomic<bool> asked_shm{true};
+  ScopedHandler handler(daemon(), [&](wire::Request::Reader r) {
+    if (!r.isEnqueue() || !r.getEnqueue().isReadBuffer()) return FakeDaemon::Default(r);
+    auto rb = r.getEnqueue().getReadBuffer();
+    asked_offset = rb.getOffset();
+    asked_size = rb.getSize();
+    asked_shm = rb.getShm();
+    // Byte i of the destination is 100 + i, in two chunks (the second one first).
+    const uint64_t half = rb.getSize() / 2;
+    std::vector<uint8_t> data(rb.getSize());
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(100 + i);
+    Response resp;
+    auto second = resp.AddReply(r.getSeq()).initReadData();
+    second.setOffset(half);
+    second.setData(kj::arrayPtr(data.data() + half, data.size() - half));
+    auto first = resp.AddReply(r.getSeq()).initReadData();
+    first.setOffset(0);
+    first.setData(kj::arrayPtr(data.data(), half));
+    first.setLast(true);
+    return resp;
+  });
+  cl_int err = CL_SUCCESS;
+  cl_mem m = cl().clCreateBuffer(ctx_, CL_MEM_READ_WRITE, 64, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  daemon().ClearSeen();
+  std::vector<uint8_t> dst(48 + 8, 0xCC);
+  EXPECT_EQ(cl().clEnqueueReadBuffer(queue_, m, CL_TRUE, 8, 48, dst.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  for (size_t i = 0; i < 48; ++i) ASSERT_EQ(dst[i], static_cast<uint8_t>(100 + i)) << "byte " << i;
+  for (size_t i = 48; i < dst.size(); ++i) EXPECT_EQ(dst[i], 0xCC) << "byte " << i;
+  EXPECT_EQ(asked_offset.load(), 8u);
+  EXPECT_EQ(asked_size.load(), 48u);
+  EXPECT_FALSE(asked_shm.load());
+  auto seen = daemon().Seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].which, wire::Request::ENQUEUE);
+  EXPECT_NE(seen[0].seq, 0u);
+  EXPECT_FALSE(seen[0].passed_fd);
+  EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
+}
+
+using IcdAsyncErrorTest = IcdTest;
+
+TEST_F(IcdAsyncErrorTest, UnaskedErrorReportIsReturnedByTheNextFinishOnce) {
+  ScopedHandler handler(daemon(), [](wire::Request::Reader r) {
+    if (r.isEnqueue() && r.getEnqueue().isFillBuffer()) {
+      // A posted command failed on the daemon: it reports so unasked (seq 0).
+      Response resp;
+      auto rep = resp.AddReply(0);
+      rep.setStatus(CL_MEM_OBJECT_ALLOCATION_FAILURE);
+      rep.setMessage("fake: no device memory");
+      return resp;
+    }
+    return FakeDaemon::Default(r);
+  });
+  cl_int err = CL_SUCCESS;
+  cl_mem m = cl().clCreateBuffer(ctx_, CL_MEM_READ_WRITE, 64, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  daemon().ClearSeen();
+  const cl_int pattern = 7;
+  EXPECT_EQ(cl().clEnqueueFillBuffer(queue_, m, &pattern, sizeof(pattern), 0, 64, 0, nullptr,
+                                     nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(cl().clFinish(queue_), CL_MEM_OBJECT_ALLOCATION_FAILURE);
+  EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
+  auto seen = daemon().Seen();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].which, wire::Request::ENQUEUE);
+  EXPECT_EQ(seen[0].seq, 0u);
+  EXPECT_EQ(seen[1].which, wire::Request::FINISH);
+  EXPECT_EQ(seen[2].which, wire::Request::FINISH);
+  EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
+}
+
+}  // namespace
+}  // namespace gmux::testing
