@@ -12,7 +12,7 @@
 #
 # Suites (default: all but images-full): api basic buffers events profiling computeinfo
 # mem_host_flags multiple_device_context images (clGetInfo, and clReadWriteImage, clCopyImage
-# and clFillImage with -small_images), images-full (every image program, full size).
+# and clFillImage with small_images), images-full (every image program, full size).
 #
 # Environment: CTS_BUILD (default /tmp/gmux-cts) the build and log directory; GMUX_BUILD
 # (default build) this checkout's build; CTS_JOBS build parallelism (default nproc); CTS_RUNS
@@ -52,9 +52,9 @@ programs() {
     multiple_device_context) echo "multiple_device_context|test_multiples|" ;;
     images)
       echo "images/clGetInfo|test_cl_get_info|"
-      echo "images/clReadWriteImage|test_cl_read_write_images|-small_images"
-      echo "images/clCopyImage|test_cl_copy_images|-small_images"
-      echo "images/clFillImage|test_cl_fill_images|-small_images"
+      echo "images/clReadWriteImage|test_cl_read_write_images|small_images"
+      echo "images/clCopyImage|test_cl_copy_images|small_images"
+      echo "images/clFillImage|test_cl_fill_images|small_images"
       ;;
     images-full)
       for p in clGetInfo:test_cl_get_info clReadWriteImage:test_cl_read_write_images \

@@ -75,13 +75,10 @@ cl_int RemoteInfo(wire::ObjectKind kind, uint64_t id, cl_uint param, std::vector
   cl_int err = c->Call(b, &reply);
   if (err != CL_SUCCESS) return err;
   out.clear();
-  if (reply) {
-    auto r = reply->root<wire::Reply>();
-    if (r.isInfo()) {
-      auto info = r.getInfo();  // read once: each read counts against the traversal limit
-      out.assign(info.begin(), info.end());
-    }
-  }
+  // A success must carry the value; anything else breaks the protocol.
+  if (!reply || !reply->root<wire::Reply>().isInfo()) return CL_OUT_OF_RESOURCES;
+  auto info = reply->root<wire::Reply>().getInfo();  // read once: each read counts in full
+  out.assign(info.begin(), info.end());
   return CL_SUCCESS;
 }
 

@@ -2,6 +2,19 @@
 // handle registry, the generic object lifecycle, info-query helpers, the connection accessor and
 // the Enqueuer that builds every enqueued command.
 //
+// The invariants every file keeps:
+// - No exception leaves an entry point: dispatch.cc wraps each one and turns an exception into
+//   an OpenCL error code (the ICD never terminates its host program).
+// - A handle is used only after Valid()/Is() found it in the registry; objects are registered
+//   from construction to destruction, so released or foreign handles are never dereferenced.
+// - A creator owns its new object (std::unique_ptr) until the daemon has accepted it, then
+//   retains what the object refers to (its context, program, parent) and releases it in the
+//   type's Destroy, which the generic Release calls at the last reference.
+// - Info the ICD knows is answered locally, one line per parameter; the rest is asked of the
+//   daemon (device info once, cached). Values are checked here where the asynchronous
+//   backend's error would arrive too late (at the next clFinish).
+// - Enqueues and releases are posted without waiting; blocking calls and creators wait.
+//
 // Each API family lives in its own file: platform.cc (platform, devices), context.cc, queue.cc,
 // memory.cc (buffers), image.cc (images and their transfers), sampler.cc, event.cc,
 // transfer.cc (buffer transfers, markers, barriers), map.cc, program.cc, kernel.cc and
@@ -12,6 +25,7 @@
 #include <capnp/message.h>
 
 #include <algorithm>
+#include <memory>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -235,8 +249,8 @@ class Enqueuer {
 cl_int Marker(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_event* event,
               bool barrier, cl_command_type type);
 
-// A memory object of this connection (not yet known to the daemon).
-cl_mem NewMem(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr);
+// A memory object of this connection, owned by the caller until the daemon has accepted it.
+std::unique_ptr<_cl_mem> NewMem(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr);
 
 // cl*WithProperties' list of memory properties, kept as given for CL_MEM_PROPERTIES (empty for
 // NULL). OpenCL 3.0 defines none, so any key is CL_INVALID_PROPERTY.

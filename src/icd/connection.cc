@@ -462,6 +462,9 @@ void Connection::ReceiveLoop() {
       auto it = pending_.find(seq);
       if (it == pending_.end()) return;  // nobody waits (a caller that gave up)
       Pending& p = it->second;
+      // Anything after the reply that completed the call is ignored: the caller may have
+      // returned, and its buffer is the application's again.
+      if (p.done) return;
       bool complete = true;
       if (rep.isReadData()) {
         auto rd = rep.getReadData();

@@ -79,10 +79,7 @@ cl_int CL_API_CALL SetEventCallback(cl_event e, cl_int type,
 }
 
 cl_event CL_API_CALL CreateUserEvent(cl_context ctx, cl_int* err) {
-  if (!Valid(ctx)) {
-    SetErr(err, CL_INVALID_CONTEXT);
-    return nullptr;
-  }
+  if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
   Connection& c = Conn();
   cl_event e = NewEvent(ctx, nullptr, CL_COMMAND_USER, c.NextId());
   capnp::MallocMessageBuilder b;

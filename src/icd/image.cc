@@ -8,7 +8,7 @@ namespace gmux::icd {
 cl_int CL_API_CALL GetSupportedImageFormats(cl_context ctx, cl_mem_flags flags,
                                             cl_mem_object_type type, cl_uint num_entries,
                                             cl_image_format* formats, cl_uint* num) {
-  if (!Is(ctx, Kind::kContext)) return CL_INVALID_CONTEXT;
+  if (!Valid(ctx)) return CL_INVALID_CONTEXT;
   if (num_entries == 0 && formats != nullptr) return CL_INVALID_VALUE;
   Connection& c = Conn();
   capnp::MallocMessageBuilder b;
@@ -19,15 +19,10 @@ cl_int CL_API_CALL GetSupportedImageFormats(cl_context ctx, cl_mem_flags flags,
   std::optional<proto::Message> reply;
   cl_int err = c.Call(b, &reply);
   if (err != CL_SUCCESS) return err;
-  std::vector<cl_image_format> all;
-  if (reply) {
-    auto rep = reply->root<wire::Reply>();
-    if (rep.isInfo()) {
-      auto info = rep.getInfo();
-      all.resize(info.size() / sizeof(cl_image_format));
-      std::memcpy(all.data(), info.begin(), all.size() * sizeof(cl_image_format));
-    }
-  }
+  if (!reply || !reply->root<wire::Reply>().isInfo()) return CL_OUT_OF_RESOURCES;
+  auto info = reply->root<wire::Reply>().getInfo();
+  std::vector<cl_image_format> all(info.size() / sizeof(cl_image_format));
+  std::memcpy(all.data(), info.begin(), all.size() * sizeof(cl_image_format));
   if (formats != nullptr) {
     for (size_t i = 0; i < all.size() && i < num_entries; ++i) formats[i] = all[i];
   }
@@ -40,30 +35,15 @@ namespace {
 cl_mem MakeImage(cl_context ctx, cl_mem_flags flags, const cl_image_format* format,
                  const cl_image_desc* desc, void* host_ptr,
                  std::vector<cl_mem_properties> properties, cl_int* err) {
-  if (!Is(ctx, Kind::kContext)) {
-    SetErr(err, CL_INVALID_CONTEXT);
-    return nullptr;
-  }
-  if (format == nullptr) {
-    SetErr(err, CL_INVALID_IMAGE_FORMAT_DESCRIPTOR);
-    return nullptr;
-  }
-  if (desc == nullptr) {
-    SetErr(err, CL_INVALID_IMAGE_DESCRIPTOR);
-    return nullptr;
-  }
+  if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
+  if (format == nullptr) return Fail(err, CL_INVALID_IMAGE_FORMAT_DESCRIPTOR);
+  if (desc == nullptr) return Fail(err, CL_INVALID_IMAGE_DESCRIPTOR);
   size_t element = proto::ImageElementBytes(format->image_channel_order,
                                             format->image_channel_data_type);
-  if (element == 0) {
-    SetErr(err, CL_INVALID_IMAGE_FORMAT_DESCRIPTOR);
-    return nullptr;
-  }
+  if (element == 0) return Fail(err, CL_INVALID_IMAGE_FORMAT_DESCRIPTOR);
   bool needs_ptr = (flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR)) != 0;
-  if (needs_ptr != (host_ptr != nullptr)) {
-    SetErr(err, CL_INVALID_HOST_PTR);
-    return nullptr;
-  }
-  if (desc->buffer != nullptr && (!Is(desc->buffer, Kind::kMem) || desc->buffer->is_image())) {
+  if (needs_ptr != (host_ptr != nullptr)) return Fail(err, CL_INVALID_HOST_PTR);
+  if (desc->buffer != nullptr && (!Valid(desc->buffer) || desc->buffer->is_image())) {
     SetErr(err, CL_INVALID_IMAGE_DESCRIPTOR);
     return nullptr;
   }
@@ -95,12 +75,9 @@ cl_mem MakeImage(cl_context ctx, cl_mem_flags flags, const cl_image_format* form
   ShmBuffer held;
   if (needs_ptr) {
     token = c.SendBulk(host_ptr, host_bytes, &held);
-    if (token == 0) {
-      SetErr(err, CL_OUT_OF_RESOURCES);
-      return nullptr;
-    }
+    if (token == 0) return Fail(err, CL_OUT_OF_RESOURCES);
   }
-  cl_mem m = NewMem(ctx, flags, 0, (flags & CL_MEM_USE_HOST_PTR) ? host_ptr : nullptr);
+  auto m = NewMem(ctx, flags, 0, (flags & CL_MEM_USE_HOST_PTR) ? host_ptr : nullptr);
   m->type = d.image_type;
   m->format = *format;
   m->desc = d;
@@ -125,18 +102,14 @@ cl_mem MakeImage(cl_context ctx, cl_mem_flags flags, const cl_image_format* form
   r.setInitialData(token);
   cl_int e = c.Call(b);
   c.ReleaseShm(held);
-  if (e != CL_SUCCESS) {
-    delete m;
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (e != CL_SUCCESS) return Fail(err, e);
   if (desc->buffer != nullptr) {
     m->parent = desc->buffer;  // kept alive as long as the image, like a sub-buffer's parent
     desc->buffer->refs.fetch_add(1);
   }
   RetainContext(ctx);
   SetErr(err, CL_SUCCESS);
-  return m;
+  return m.release();
 }
 
 }  // namespace
@@ -181,7 +154,7 @@ cl_mem CL_API_CALL CreateImage3D(cl_context ctx, cl_mem_flags flags, const cl_im
 
 cl_int CL_API_CALL GetImageInfo(cl_mem m, cl_image_info param, size_t size, void* value,
                                 size_t* size_ret) {
-  if (!Is(m, Kind::kMem) || !m->is_image()) return CL_INVALID_MEM_OBJECT;
+  if (!Valid(m) || !m->is_image()) return CL_INVALID_MEM_OBJECT;
   switch (param) {
     case CL_IMAGE_FORMAT: return Scalar(m->format, size, value, size_ret);
     case CL_IMAGE_ELEMENT_SIZE: return Scalar(m->element_bytes, size, value, size_ret);
@@ -375,24 +348,15 @@ void* CL_API_CALL EnqueueMapImage(cl_command_queue q, cl_mem m, cl_bool blocking
                                   cl_map_flags flags, const size_t* origin, const size_t* region,
                                   size_t* row_pitch, size_t* slice_pitch, cl_uint nwait,
                                   const cl_event* waits, cl_event* event, cl_int* err) {
-  if (cl_int e = CheckImage(q, m); e != CL_SUCCESS) {
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (cl_int e = CheckImage(q, m); e != CL_SUCCESS) return Fail(err, e);
   if (!ValidTriple(origin) || !ValidTriple(region) || row_pitch == nullptr) {
     SetErr(err, CL_INVALID_VALUE);
     return nullptr;
   }
   bool layered = m->type == CL_MEM_OBJECT_IMAGE3D || m->type == CL_MEM_OBJECT_IMAGE2D_ARRAY ||
                  m->type == CL_MEM_OBJECT_IMAGE1D_ARRAY;
-  if (layered && slice_pitch == nullptr) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
-  if (cl_int e = CheckMapAccess(m, flags); e != CL_SUCCESS) {
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (layered && slice_pitch == nullptr) return Fail(err, CL_INVALID_VALUE);
+  if (cl_int e = CheckMapAccess(m, flags); e != CL_SUCCESS) return Fail(err, e);
   Mapping map;
   map.flags = flags;
   for (int i = 0; i < 3; ++i) {
@@ -417,18 +381,12 @@ void* CL_API_CALL EnqueueMapImage(cl_command_queue q, cl_mem m, cl_bool blocking
                                                             : 0;
   }
   uint64_t bytes = ImageBytes(m, region, read_row, read_slice);
-  if (bytes == 0) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
+  if (bytes == 0) return Fail(err, CL_INVALID_VALUE);
   map.size = bytes;
   if (map.ptr == nullptr) {
     map.ptr = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     map.owned = true;
-    if (map.ptr == nullptr) {
-      SetErr(err, CL_OUT_OF_HOST_MEMORY);
-      return nullptr;
-    }
+    if (map.ptr == nullptr) return Fail(err, CL_OUT_OF_HOST_MEMORY);
   }
   cl_int e;
   if ((flags & CL_MAP_WRITE_INVALIDATE_REGION) != 0) {

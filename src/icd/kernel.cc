@@ -4,14 +4,8 @@
 namespace gmux::icd {
 
 cl_kernel CL_API_CALL CreateKernel(cl_program p, const char* name, cl_int* err) {
-  if (!Valid(p)) {
-    SetErr(err, CL_INVALID_PROGRAM);
-    return nullptr;
-  }
-  if (name == nullptr) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
+  if (!Valid(p)) return Fail(err, CL_INVALID_PROGRAM);
+  if (name == nullptr) return Fail(err, CL_INVALID_VALUE);
   // Owned here until the daemon's reply is read: a reply that throws while read frees it.
   auto owned = std::make_unique<_cl_kernel>();
   _cl_kernel* k = owned.get();
@@ -277,12 +271,9 @@ cl_int CL_API_CALL GetKernelSubGroupInfo(cl_kernel k, cl_device_id d,
   gi.setInput(kj::arrayPtr(static_cast<const kj::byte*>(input), input_size));
   std::optional<proto::Message> reply;
   if (cl_int e = Conn().Call(b, &reply); e != CL_SUCCESS) return e;
-  std::vector<uint8_t> v;
-  if (reply && reply->root<wire::Reply>().isInfo()) {
-    auto info = reply->root<wire::Reply>().getInfo();
-    v.assign(info.begin(), info.end());
-  }
-  return CopyOut(v.data(), v.size(), size, value, size_ret);
+  if (!reply || !reply->root<wire::Reply>().isInfo()) return CL_OUT_OF_RESOURCES;
+  auto info = reply->root<wire::Reply>().getInfo();
+  return CopyOut(info.begin(), info.size(), size, value, size_ret);
 }
 
 }  // namespace gmux::icd

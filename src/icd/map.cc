@@ -6,22 +6,10 @@ namespace gmux::icd {
 void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blocking,
                                    cl_map_flags flags, size_t offset, size_t size, cl_uint nwait,
                                    const cl_event* waits, cl_event* event, cl_int* err) {
-  if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) {
-    SetErr(err, e);
-    return nullptr;
-  }
-  if (m->is_image()) {
-    SetErr(err, CL_INVALID_MEM_OBJECT);
-    return nullptr;
-  }
-  if (size == 0 || offset > m->size || size > m->size - offset) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
-  if (cl_int e = CheckMapAccess(m, flags); e != CL_SUCCESS) {
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return Fail(err, e);
+  if (m->is_image()) return Fail(err, CL_INVALID_MEM_OBJECT);
+  if (size == 0 || offset > m->size || size > m->size - offset) return Fail(err, CL_INVALID_VALUE);
+  if (cl_int e = CheckMapAccess(m, flags); e != CL_SUCCESS) return Fail(err, e);
   Mapping map;
   map.offset = offset;
   map.size = size;
@@ -39,10 +27,7 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   } else {
     map.ptr = std::aligned_alloc(64, (size + 63) / 64 * 64);
     map.owned = true;
-    if (map.ptr == nullptr) {
-      SetErr(err, CL_OUT_OF_HOST_MEMORY);
-      return nullptr;
-    }
+    if (map.ptr == nullptr) return Fail(err, CL_OUT_OF_HOST_MEMORY);
   }
   cl_int e;
   if ((flags & CL_MAP_WRITE_INVALIDATE_REGION) != 0) {

@@ -3,8 +3,8 @@
 
 namespace gmux::icd {
 
-cl_mem NewMem(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr) {
-  auto* m = new _cl_mem();
+std::unique_ptr<_cl_mem> NewMem(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr) {
+  auto m = std::make_unique<_cl_mem>();
   m->id = Conn().NextId();
   m->context = ctx;
   m->flags = flags;
@@ -17,10 +17,7 @@ namespace {
 
 cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr,
                   std::vector<cl_mem_properties> properties, cl_int* err) {
-  if (!Valid(ctx)) {
-    SetErr(err, CL_INVALID_CONTEXT);
-    return nullptr;
-  }
+  if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
   bool needs_ptr = (flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR)) != 0;
   if (size == 0 || needs_ptr != (host_ptr != nullptr) ||
       ((flags & CL_MEM_USE_HOST_PTR) && (flags & (CL_MEM_COPY_HOST_PTR | CL_MEM_ALLOC_HOST_PTR)))) {
@@ -32,12 +29,9 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   ShmBuffer held;
   if (needs_ptr) {
     token = c.SendBulk(host_ptr, size, &held);
-    if (token == 0) {
-      SetErr(err, CL_OUT_OF_RESOURCES);
-      return nullptr;
-    }
+    if (token == 0) return Fail(err, CL_OUT_OF_RESOURCES);
   }
-  cl_mem m = NewMem(ctx, flags, size, (flags & CL_MEM_USE_HOST_PTR) ? host_ptr : nullptr);
+  auto m = NewMem(ctx, flags, size, (flags & CL_MEM_USE_HOST_PTR) ? host_ptr : nullptr);
   m->properties = std::move(properties);
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::Request>().initCreateBuffer();
@@ -50,14 +44,10 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   // The daemon has copied the initial data once it answers.
   cl_int e = c.Call(b);
   c.ReleaseShm(held);
-  if (e != CL_SUCCESS) {
-    delete m;
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (e != CL_SUCCESS) return Fail(err, e);
   RetainContext(ctx);
   SetErr(err, CL_SUCCESS);
-  return m;
+  return m.release();
 }
 
 }  // namespace
@@ -77,19 +67,10 @@ cl_mem CL_API_CALL CreateBufferWithProperties(cl_context ctx, const cl_mem_prope
 
 cl_mem CL_API_CALL CreateSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_create_type type,
                                    const void* info, cl_int* err) {
-  if (!Valid(parent) || parent->parent != nullptr) {
-    SetErr(err, CL_INVALID_MEM_OBJECT);
-    return nullptr;
-  }
-  if (type != CL_BUFFER_CREATE_TYPE_REGION || info == nullptr) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
+  if (!Valid(parent) || parent->parent != nullptr) return Fail(err, CL_INVALID_MEM_OBJECT);
+  if (type != CL_BUFFER_CREATE_TYPE_REGION || info == nullptr) return Fail(err, CL_INVALID_VALUE);
   const auto* region = static_cast<const cl_buffer_region*>(info);
-  if (region->size == 0) {
-    SetErr(err, CL_INVALID_BUFFER_SIZE);
-    return nullptr;
-  }
+  if (region->size == 0) return Fail(err, CL_INVALID_BUFFER_SIZE);
   if (region->origin > parent->size || region->size > parent->size - region->origin) {
     SetErr(err, CL_INVALID_VALUE);
     return nullptr;
@@ -99,20 +80,14 @@ cl_mem CL_API_CALL CreateSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_
       CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
   constexpr cl_mem_flags kHostPtr =
       CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR;
-  if (flags & kHostPtr) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
+  if (flags & kHostPtr) return Fail(err, CL_INVALID_VALUE);
   // Host access the parent denies cannot be given back to a sub-buffer (OpenCL 1.2, 5.2.1).
   const bool host_conflict =
       ((parent->flags & CL_MEM_HOST_WRITE_ONLY) != 0 && (flags & CL_MEM_HOST_READ_ONLY) != 0) ||
       ((parent->flags & CL_MEM_HOST_READ_ONLY) != 0 && (flags & CL_MEM_HOST_WRITE_ONLY) != 0) ||
       ((parent->flags & CL_MEM_HOST_NO_ACCESS) != 0 &&
        (flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_WRITE_ONLY)) != 0);
-  if (host_conflict) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
+  if (host_conflict) return Fail(err, CL_INVALID_VALUE);
   // What the sub-buffer reports (CL_MEM_FLAGS): the flags given, with the access and host
   // access flags not given and the host pointer flags inherited from the parent, as OpenCL
   // requires. The backend gets the flags given, with the parent's access flags when none are.
@@ -121,7 +96,7 @@ cl_mem CL_API_CALL CreateSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_
   if ((flags & kHostAccess) == 0) reported |= parent->flags & kHostAccess;
   if ((flags & kAccess) == 0) flags |= parent->flags & kAccess;
   Connection& c = Conn();
-  cl_mem m = NewMem(parent->context, reported, region->size,
+  auto m = NewMem(parent->context, reported, region->size,
                     parent->host_ptr ? static_cast<uint8_t*>(parent->host_ptr) + region->origin : nullptr);
   m->parent = parent;
   m->origin = region->origin;
@@ -133,15 +108,11 @@ cl_mem CL_API_CALL CreateSubBuffer(cl_mem parent, cl_mem_flags flags, cl_buffer_
   r.setOrigin(region->origin);
   r.setSize(region->size);
   cl_int e = c.Call(b);
-  if (e != CL_SUCCESS) {
-    delete m;
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (e != CL_SUCCESS) return Fail(err, e);
   parent->refs.fetch_add(1);
   RetainContext(m->context);
   SetErr(err, CL_SUCCESS);
-  return m;
+  return m.release();
 }
 
 cl_int CL_API_CALL RetainMemObject(cl_mem m) { return Retain(m); }

@@ -116,6 +116,107 @@ bool OffFeature(const char* name) {
          std::strcmp(name, "__opencl_c_device_enqueue") == 0;
 }
 
+// The size of a device info value of fixed size (0 for strings and arrays): a value of another
+// size from the daemon is refused rather than half copied.
+size_t FixedSize(cl_device_info param) {
+  switch (param) {
+    case CL_DEVICE_TYPE: return sizeof(cl_device_type);
+    case CL_DEVICE_VENDOR_ID:
+    case CL_DEVICE_MAX_COMPUTE_UNITS:
+    case CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS:
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_CHAR:
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_SHORT:
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_INT:
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_LONG:
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_FLOAT:
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_DOUBLE:
+    case CL_DEVICE_PREFERRED_VECTOR_WIDTH_HALF:
+    case CL_DEVICE_NATIVE_VECTOR_WIDTH_CHAR:
+    case CL_DEVICE_NATIVE_VECTOR_WIDTH_SHORT:
+    case CL_DEVICE_NATIVE_VECTOR_WIDTH_INT:
+    case CL_DEVICE_NATIVE_VECTOR_WIDTH_LONG:
+    case CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT:
+    case CL_DEVICE_NATIVE_VECTOR_WIDTH_DOUBLE:
+    case CL_DEVICE_NATIVE_VECTOR_WIDTH_HALF:
+    case CL_DEVICE_MAX_CLOCK_FREQUENCY:
+    case CL_DEVICE_ADDRESS_BITS:
+    case CL_DEVICE_MAX_READ_IMAGE_ARGS:
+    case CL_DEVICE_MAX_WRITE_IMAGE_ARGS:
+    case CL_DEVICE_MAX_READ_WRITE_IMAGE_ARGS:
+    case CL_DEVICE_MAX_SAMPLERS:
+    case CL_DEVICE_MEM_BASE_ADDR_ALIGN:
+    case CL_DEVICE_MIN_DATA_TYPE_ALIGN_SIZE:
+    case CL_DEVICE_GLOBAL_MEM_CACHELINE_SIZE:
+    case CL_DEVICE_MAX_CONSTANT_ARGS:
+    case CL_DEVICE_PARTITION_MAX_SUB_DEVICES:
+    case CL_DEVICE_IMAGE_PITCH_ALIGNMENT:
+    case CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT:
+    case CL_DEVICE_MAX_PIPE_ARGS:
+    case CL_DEVICE_PIPE_MAX_ACTIVE_RESERVATIONS:
+    case CL_DEVICE_PIPE_MAX_PACKET_SIZE:
+    case CL_DEVICE_QUEUE_ON_DEVICE_PREFERRED_SIZE:
+    case CL_DEVICE_QUEUE_ON_DEVICE_MAX_SIZE:
+    case CL_DEVICE_MAX_ON_DEVICE_QUEUES:
+    case CL_DEVICE_MAX_ON_DEVICE_EVENTS:
+    case CL_DEVICE_PREFERRED_PLATFORM_ATOMIC_ALIGNMENT:
+    case CL_DEVICE_PREFERRED_GLOBAL_ATOMIC_ALIGNMENT:
+    case CL_DEVICE_PREFERRED_LOCAL_ATOMIC_ALIGNMENT:
+    case CL_DEVICE_MAX_NUM_SUB_GROUPS:
+    case CL_DEVICE_NUMERIC_VERSION:
+      return sizeof(cl_uint);
+    case CL_DEVICE_MAX_WORK_GROUP_SIZE:
+    case CL_DEVICE_IMAGE2D_MAX_WIDTH:
+    case CL_DEVICE_IMAGE2D_MAX_HEIGHT:
+    case CL_DEVICE_IMAGE3D_MAX_WIDTH:
+    case CL_DEVICE_IMAGE3D_MAX_HEIGHT:
+    case CL_DEVICE_IMAGE3D_MAX_DEPTH:
+    case CL_DEVICE_IMAGE_MAX_BUFFER_SIZE:
+    case CL_DEVICE_IMAGE_MAX_ARRAY_SIZE:
+    case CL_DEVICE_MAX_PARAMETER_SIZE:
+    case CL_DEVICE_PROFILING_TIMER_RESOLUTION:
+    case CL_DEVICE_PRINTF_BUFFER_SIZE:
+    case CL_DEVICE_MAX_GLOBAL_VARIABLE_SIZE:
+    case CL_DEVICE_GLOBAL_VARIABLE_PREFERRED_TOTAL_SIZE:
+    case CL_DEVICE_PREFERRED_WORK_GROUP_SIZE_MULTIPLE:
+      return sizeof(size_t);
+    case CL_DEVICE_MAX_MEM_ALLOC_SIZE:
+    case CL_DEVICE_GLOBAL_MEM_CACHE_SIZE:
+    case CL_DEVICE_GLOBAL_MEM_SIZE:
+    case CL_DEVICE_MAX_CONSTANT_BUFFER_SIZE:
+    case CL_DEVICE_LOCAL_MEM_SIZE:
+      return sizeof(cl_ulong);
+    case CL_DEVICE_IMAGE_SUPPORT:
+    case CL_DEVICE_ERROR_CORRECTION_SUPPORT:
+    case CL_DEVICE_HOST_UNIFIED_MEMORY:
+    case CL_DEVICE_ENDIAN_LITTLE:
+    case CL_DEVICE_AVAILABLE:
+    case CL_DEVICE_COMPILER_AVAILABLE:
+    case CL_DEVICE_LINKER_AVAILABLE:
+    case CL_DEVICE_PREFERRED_INTEROP_USER_SYNC:
+    case CL_DEVICE_SUB_GROUP_INDEPENDENT_FORWARD_PROGRESS:
+    case CL_DEVICE_NON_UNIFORM_WORK_GROUP_SUPPORT:
+    case CL_DEVICE_WORK_GROUP_COLLECTIVE_FUNCTIONS_SUPPORT:
+    case CL_DEVICE_GENERIC_ADDRESS_SPACE_SUPPORT:
+    case CL_DEVICE_PIPE_SUPPORT:
+      return sizeof(cl_bool);
+    case CL_DEVICE_GLOBAL_MEM_CACHE_TYPE: return sizeof(cl_device_mem_cache_type);
+    case CL_DEVICE_LOCAL_MEM_TYPE: return sizeof(cl_device_local_mem_type);
+    case CL_DEVICE_SINGLE_FP_CONFIG:
+    case CL_DEVICE_DOUBLE_FP_CONFIG:
+    case CL_DEVICE_HALF_FP_CONFIG:
+    case CL_DEVICE_EXECUTION_CAPABILITIES:
+    case CL_DEVICE_QUEUE_ON_HOST_PROPERTIES:
+    case CL_DEVICE_QUEUE_ON_DEVICE_PROPERTIES:
+    case CL_DEVICE_SVM_CAPABILITIES:
+    case CL_DEVICE_PARTITION_AFFINITY_DOMAIN:
+    case CL_DEVICE_ATOMIC_MEMORY_CAPABILITIES:
+    case CL_DEVICE_ATOMIC_FENCE_CAPABILITIES:
+    case CL_DEVICE_DEVICE_ENQUEUE_CAPABILITIES:
+      return sizeof(cl_bitfield);
+    default: return 0;
+  }
+}
+
 // Rewrites a backend device info value into what the application sees through gmux.
 void Filter(cl_device_info param, std::vector<uint8_t>& v) {
   const bool v30 = Backend30();
@@ -275,7 +376,8 @@ cl_int DeviceInfo(cl_device_id device, cl_device_info param, std::vector<uint8_t
   std::vector<uint8_t> v;
   cl_int err = RemoteInfo(wire::ObjectKind::DEVICE, device->index, param, v);
   if (err != CL_SUCCESS) return err;
-  Filter(param, v);
+  Filter(param, v);  // first: what gmux answers itself is not the backend's to size
+  if (size_t n = FixedSize(param); n != 0 && v.size() != n) return CL_OUT_OF_RESOURCES;
   out = v;
   std::lock_guard<std::mutex> lock(d.mu);
   d.info[{device->index, param}] = std::move(v);

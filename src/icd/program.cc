@@ -6,8 +6,9 @@ namespace gmux::icd {
 
 namespace {
 
-cl_program NewProgram(cl_context ctx, std::vector<cl_device_id> devices) {
-  auto* p = new _cl_program();
+// Owned by the caller until the daemon has accepted it.
+std::unique_ptr<_cl_program> NewProgram(cl_context ctx, std::vector<cl_device_id> devices) {
+  auto p = std::make_unique<_cl_program>();
   p->id = Conn().NextId();
   p->context = ctx;
   p->devices = std::move(devices);
@@ -35,27 +36,18 @@ bool DeviceList(cl_uint n, const cl_device_id* list, const std::vector<cl_device
 
 cl_program CL_API_CALL CreateProgramWithSource(cl_context ctx, cl_uint count, const char** strings,
                                                const size_t* lengths, cl_int* err) {
-  if (!Valid(ctx)) {
-    SetErr(err, CL_INVALID_CONTEXT);
-    return nullptr;
-  }
-  if (count == 0 || strings == nullptr) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
+  if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
+  if (count == 0 || strings == nullptr) return Fail(err, CL_INVALID_VALUE);
   std::string src;
   for (cl_uint i = 0; i < count; ++i) {
-    if (strings[i] == nullptr) {
-      SetErr(err, CL_INVALID_VALUE);
-      return nullptr;
-    }
+    if (strings[i] == nullptr) return Fail(err, CL_INVALID_VALUE);
     if (lengths == nullptr || lengths[i] == 0) {
       src += strings[i];
     } else {
       src.append(strings[i], lengths[i]);
     }
   }
-  cl_program p = NewProgram(ctx, ctx->devices);
+  auto p = NewProgram(ctx, ctx->devices);
   p->source = src;
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::Request>().initCreateProgramWithSource();
@@ -63,32 +55,22 @@ cl_program CL_API_CALL CreateProgramWithSource(cl_context ctx, cl_uint count, co
   r.setContext(ctx->id);
   r.setSource(src);
   cl_int e = Conn().Call(b);
-  if (e != CL_SUCCESS) {
-    delete p;
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (e != CL_SUCCESS) return Fail(err, e);
   RetainContext(ctx);
   SetErr(err, CL_SUCCESS);
-  return p;
+  return p.release();
 }
 
 cl_program CL_API_CALL CreateProgramWithBinary(cl_context ctx, cl_uint n, const cl_device_id* devs,
                                                const size_t* lengths, const unsigned char** bins,
                                                cl_int* status, cl_int* err) {
-  if (!Valid(ctx)) {
-    SetErr(err, CL_INVALID_CONTEXT);
-    return nullptr;
-  }
+  if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
   std::vector<cl_device_id> dl;
   if (n == 0 || !DeviceList(n, devs, ctx->devices, dl)) {
     SetErr(err, n == 0 ? CL_INVALID_VALUE : CL_INVALID_DEVICE);
     return nullptr;
   }
-  if (lengths == nullptr || bins == nullptr) {
-    SetErr(err, CL_INVALID_VALUE);
-    return nullptr;
-  }
+  if (lengths == nullptr || bins == nullptr) return Fail(err, CL_INVALID_VALUE);
   for (cl_uint i = 0; i < n; ++i) {
     if (lengths[i] == 0 || bins[i] == nullptr) {
       if (status != nullptr) status[i] = CL_INVALID_VALUE;
@@ -96,7 +78,7 @@ cl_program CL_API_CALL CreateProgramWithBinary(cl_context ctx, cl_uint n, const 
       return nullptr;
     }
   }
-  cl_program p = NewProgram(ctx, dl);
+  auto p = NewProgram(ctx, dl);
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::Request>().initCreateProgramWithBinary();
   r.setId(p->id);
@@ -113,14 +95,10 @@ cl_program CL_API_CALL CreateProgramWithBinary(cl_context ctx, cl_uint n, const 
       for (cl_uint i = 0; i < n && i < bs.size(); ++i) status[i] = bs[i];
     }
   }
-  if (e != CL_SUCCESS) {
-    delete p;
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (e != CL_SUCCESS) return Fail(err, e);
   RetainContext(ctx);
   SetErr(err, CL_SUCCESS);
-  return p;
+  return p.release();
 }
 
 cl_int CL_API_CALL RetainProgram(cl_program p) { return Retain(p); }
@@ -181,7 +159,7 @@ cl_int CL_API_CALL CompileProgram(cl_program p, cl_uint n, const cl_device_id* d
   auto hl = r.initHeaders(nh);
   auto nl = r.initHeaderNames(nh);
   for (cl_uint i = 0; i < nh; ++i) {
-    if (!Is(headers[i], Kind::kProgram)) return CL_INVALID_PROGRAM;
+    if (!Valid(headers[i])) return CL_INVALID_PROGRAM;
     hl.set(i, headers[i]->id);
     nl.set(i, names[i]);
   }
@@ -194,16 +172,13 @@ cl_program CL_API_CALL LinkProgram(cl_context ctx, cl_uint n, const cl_device_id
                                    const char* options, cl_uint ni, const cl_program* inputs,
                                    void(CL_CALLBACK* notify)(cl_program, void*), void* user,
                                    cl_int* err) {
-  if (!Valid(ctx)) {
-    SetErr(err, CL_INVALID_CONTEXT);
-    return nullptr;
-  }
+  if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
   std::vector<cl_device_id> dl;
   if (!DeviceList(n, devs, ctx->devices, dl) || ni == 0 || inputs == nullptr) {
     SetErr(err, CL_INVALID_VALUE);
     return nullptr;
   }
-  cl_program p = NewProgram(ctx, dl.empty() ? ctx->devices : dl);
+  auto p = NewProgram(ctx, dl.empty() ? ctx->devices : dl);
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::Request>().initLinkProgram();
   r.setId(p->id);
@@ -212,24 +187,16 @@ cl_program CL_API_CALL LinkProgram(cl_context ctx, cl_uint n, const cl_device_id
   r.setOptions(options != nullptr ? options : "");
   auto il = r.initInputs(ni);
   for (cl_uint i = 0; i < ni; ++i) {
-    if (!Is(inputs[i], Kind::kProgram)) {
-      delete p;
-      SetErr(err, CL_INVALID_PROGRAM);
-      return nullptr;
-    }
+    if (!Valid(inputs[i])) return Fail(err, CL_INVALID_PROGRAM);
     il.set(i, inputs[i]->id);
   }
   cl_int e = Conn().Call(b);
-  if (e != CL_SUCCESS && e != CL_LINK_PROGRAM_FAILURE) {
-    delete p;
-    SetErr(err, e);
-    return nullptr;
-  }
+  if (e != CL_SUCCESS && e != CL_LINK_PROGRAM_FAILURE) return Fail(err, e);
   // A failed link still yields a program whose build log explains the failure.
   RetainContext(ctx);
-  if (notify != nullptr) notify(p, user);
+  if (notify != nullptr) notify(p.get(), user);
   SetErr(err, e);
-  return p;
+  return p.release();
 }
 
 cl_int CL_API_CALL UnloadCompiler() { return CL_SUCCESS; }
@@ -287,7 +254,7 @@ cl_program CL_API_CALL CreateProgramWithIL(cl_context ctx, const void* il, size_
                                            cl_int* err) {
   if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
   if (il == nullptr || length == 0) return Fail(err, CL_INVALID_VALUE);
-  auto p = std::unique_ptr<_cl_program>(NewProgram(ctx, ctx->devices));
+  auto p = NewProgram(ctx, ctx->devices);
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::Request>().initCreateProgramWithIL();
   r.setId(p->id);
@@ -306,7 +273,7 @@ cl_program CL_API_CALL CreateProgramWithBuiltInKernels(cl_context ctx, cl_uint n
   if (n == 0 || devs == nullptr || names == nullptr) return Fail(err, CL_INVALID_VALUE);
   std::vector<cl_device_id> dl;
   if (!DeviceList(n, devs, ctx->devices, dl)) return Fail(err, CL_INVALID_DEVICE);
-  auto p = std::unique_ptr<_cl_program>(NewProgram(ctx, dl));
+  auto p = NewProgram(ctx, dl);
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::Request>().initCreateProgramWithBuiltInKernels();
   r.setId(p->id);
