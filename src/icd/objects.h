@@ -1,7 +1,7 @@
 // The ICD's OpenCL objects. Each begins with the dispatch pointer, as the ICD loader requires,
-// followed by its kind, the client-assigned id the daemon knows the object by, and the
-// reference count. Every object is in the handle registry from construction to destruction
-// (common.h's Live), which is how foreign or stale handles are rejected. Objects keep the
+// followed by the client-assigned id the daemon knows the object by and the reference count.
+// Every object is in the handle registry, with its kind, from construction to destruction
+// (common.h's Live): that is how foreign or stale handles are rejected. Objects keep the
 // handles their info queries return (context, device, program, ...) retained.
 #pragma once
 
@@ -41,12 +41,11 @@ void RegisterHandle(const void* p, Kind k);
 void Forget(const void* p);
 
 struct ObjectHeader {
-  explicit ObjectHeader(Kind k) : dispatch(DispatchTable()), kind(k) { RegisterHandle(this, k); }
+  explicit ObjectHeader(Kind k) : dispatch(DispatchTable()) { RegisterHandle(this, k); }
   ~ObjectHeader() { Forget(this); }
   ObjectHeader(const ObjectHeader&) = delete;
   ObjectHeader& operator=(const ObjectHeader&) = delete;
   const cl_icd_dispatch* dispatch;  // must stay first
-  Kind kind;
   uint64_t id = 0;
   std::atomic<int32_t> refs{1};
 };

@@ -3,6 +3,24 @@
 
 namespace gmux::icd {
 
+namespace {
+
+// A rectangle of a buffer transfer: origins, region and pitches as the application gave them
+// (the daemon checks them against the objects).
+void SetRect(wire::Rect::Builder r, const size_t* buffer_origin, const size_t* host_origin,
+             const size_t* region, size_t buffer_row, size_t buffer_slice, size_t host_row,
+             size_t host_slice) {
+  SetTriple(r.initBufferOrigin(3), buffer_origin);
+  SetTriple(r.initHostOrigin(3), host_origin);
+  SetTriple(r.initRegion(3), region);
+  r.setBufferRowPitch(buffer_row);
+  r.setBufferSlicePitch(buffer_slice);
+  r.setHostRowPitch(host_row);
+  r.setHostSlicePitch(host_slice);
+}
+
+}  // namespace
+
 cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool, size_t offset,
                                       size_t size, const void* ptr, cl_uint nwait,
                                       const cl_event* waits, cl_event* event) {
@@ -58,14 +76,7 @@ cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
   w.setMem(m->id);
   w.setBulk(token);
   w.setIsRect(true);
-  auto r = w.initRect();
-  SetTriple(r.initBufferOrigin(3), bo);
-  SetTriple(r.initHostOrigin(3), ho);
-  SetTriple(r.initRegion(3), region);
-  r.setBufferRowPitch(brp);
-  r.setBufferSlicePitch(bsp);
-  r.setHostRowPitch(hrp);
-  r.setHostSlicePitch(hsp);
+  SetRect(w.initRect(), bo, ho, region, brp, bsp, hrp, hsp);
   return enq.PostReleasing(held);
 }
 
@@ -86,14 +97,7 @@ cl_int CL_API_CALL EnqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool b
   auto r = enq.cmd().initReadBuffer();
   r.setMem(m->id);
   r.setIsRect(true);
-  auto rc = r.initRect();
-  SetTriple(rc.initBufferOrigin(3), bo);
-  SetTriple(rc.initHostOrigin(3), ho);
-  SetTriple(rc.initRegion(3), region);
-  rc.setBufferRowPitch(brp);
-  rc.setBufferSlicePitch(bsp);
-  rc.setHostRowPitch(hrp);
-  rc.setHostSlicePitch(hsp);
+  SetRect(r.initRect(), bo, ho, region, brp, bsp, hrp, hsp);
   auto* staging = new std::vector<uint8_t>(host_bytes);
   size_t row = hrp == 0 ? region[0] : hrp;
   size_t slice = hsp == 0 ? region[1] * row : hsp;
@@ -153,14 +157,7 @@ cl_int CL_API_CALL EnqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem 
   c.setSrc(src->id);
   c.setDst(dst->id);
   c.setIsRect(true);
-  auto r = c.initRect();
-  SetTriple(r.initBufferOrigin(3), so);
-  SetTriple(r.initHostOrigin(3), dof);
-  SetTriple(r.initRegion(3), region);
-  r.setBufferRowPitch(srp);
-  r.setBufferSlicePitch(ssp);
-  r.setHostRowPitch(drp);
-  r.setHostSlicePitch(dsp);
+  SetRect(c.initRect(), so, dof, region, srp, ssp, drp, dsp);
   return enq.Post();
 }
 

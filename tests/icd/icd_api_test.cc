@@ -20,7 +20,7 @@ struct ForgedHandle {
   uint64_t rest[15];
 };
 
-// A byte copy of a live object's first bytes (dispatch pointer, kind, id): still not an object.
+// A byte copy of a live object's first bytes (dispatch pointer, id): still not an object.
 struct CopiedHandle {
   alignas(16) unsigned char bytes[64];
 };
