@@ -333,9 +333,13 @@ ShmBuffer Connection::AcquireShm(size_t size) {
       return b;
     }
   }
-  // Round up to a power of two so buffers are reused across nearby sizes.
+  // Round up so buffers are reused across nearby sizes: to a power of two up to 64 MiB, then to
+  // a multiple of 64 MiB. (Powers of two all the way wasted up to half of a large buffer, and
+  // the whole buffer is populated: a 2.3 GB transfer took 4 GiB of shared memory.)
+  constexpr size_t kStep = 64u << 20;
   size_t cap = kShmMinBytes;
-  while (cap < size) cap *= 2;
+  while (cap < size && cap < kStep) cap *= 2;
+  if (cap < size) cap = (size + kStep - 1) / kStep * kStep;
   int fd = ::memfd_create("gmux-bulk", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return {};
   struct stat st{};
