@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 namespace gmux::icd {
@@ -11,8 +12,9 @@ namespace gmux::icd {
 
 namespace {
 
+// Looked up by every call (shared), changed only when objects are made or destroyed.
 struct Registry {
-  std::mutex mu;
+  std::shared_mutex mu;
   std::unordered_map<const void*, Kind> live;
 };
 
@@ -27,20 +29,20 @@ Registry& Handles() {
 
 void RegisterHandle(const void* p, Kind k) {
   Registry& r = Handles();
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::unique_lock<std::shared_mutex> lock(r.mu);
   r.live[p] = k;
 }
 
 void Forget(const void* p) {
   Registry& r = Handles();
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::unique_lock<std::shared_mutex> lock(r.mu);
   r.live.erase(p);
 }
 
 bool Live(const void* p, Kind k) {
   if (p == nullptr) return false;
   Registry& r = Handles();
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::shared_lock<std::shared_mutex> lock(r.mu);
   auto it = r.live.find(p);
   return it != r.live.end() && it->second == k;
 }
