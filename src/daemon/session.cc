@@ -601,7 +601,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_int err = CL_SUCCESS;
       cl_mem m = cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
                                     init ? init->bytes.data() : nullptr, &err);
-      if (init) core_->bulk_bytes.fetch_sub(init->bytes.size());
+      if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
       if (m == nullptr) return {err, "clCreateBuffer failed"};
       mems_[r.getId()] = {Adopt(m), r.getSize()};
       return {};
@@ -784,8 +784,16 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                  dv.empty() ? nullptr : dv.data(), options.c_str(), nullptr,
                                  nullptr);
         // Split execution only for programs whose whole source we scanned (kernel_scan.h).
-        (*p).splittable = err == CL_SUCCESS && !(*p).source.empty() &&
-                          ScanForSplit((*p).source, options).splittable;
+        p->splittable = false;
+        p->variants.reset();
+        if (err == CL_SUCCESS && !p->source.empty()) {
+          SplitVerdict v = ScanForSplit(p->source, options);
+          p->splittable = v.splittable;
+          if (v.restorable) {
+            p->variants = std::make_shared<RestoredVariants>(cl_, p->program, p->source, options);
+            p->restore_needs_local = v.uses_groups;
+          }
+        }
       } else {
         auto r = req.getCompileProgram();
         if (r.getHeaders().size() != r.getHeaderNames().size()) {
@@ -878,7 +886,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       if (k == nullptr) return {err, std::string("clCreateKernel failed for '") + r.getName().cStr() + "'"};
       cl_uint nargs = 0;
       cl_.clGetKernelInfo(k, CL_KERNEL_NUM_ARGS, sizeof(nargs), &nargs, nullptr);
-      KernelObj ko{Adopt(k), std::make_shared<std::mutex>(), nargs, p->splittable, {}};
+      KernelObj ko{Adopt(k), std::make_shared<std::mutex>(), nargs, p->splittable, {},
+                   r.getName().cStr(), p->variants, p->restore_needs_local};
       // Queried now, before any argument is set (CL_KERNEL_LOCAL_MEM_SIZE counts set __local
       // arguments too).
       for (uint32_t di : p->devices) {
@@ -951,30 +960,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     case wire::Request::BULK_BEGIN: {
       auto r = req.getBulkBegin();
       if (r.getToken() == 0 || bulk_.count(r.getToken()) != 0) return {CL_INVALID_VALUE, "bulk token in use"};
-      uint64_t held = core_->bulk_bytes.load();
-      if (r.getSize() > limits_.max_bulk_bytes ||
-          held + r.getSize() > limits_.max_bulk_bytes) {
-        return {CL_OUT_OF_RESOURCES, "bulk transfer of " + std::to_string(r.getSize()) +
-                                         " bytes exceeds the session limit"};
-      }
-      std::shared_ptr<Bulk> b;
-      if (r.getShm()) {
-        if (passed_fd_ < 0) return {CL_INVALID_VALUE, "shared-memory bulk without a descriptor"};
-        int fd = passed_fd_;
-        passed_fd_ = -1;
-        auto mapped = MapShared(fd, r.getSize());
-        if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
-        b = std::make_shared<Bulk>(*mapped);
-        b->filled = r.getSize();
-      } else {
-        try {
-          b = std::make_shared<Bulk>(std::make_shared<HostBuffer>(r.getSize()));
-        } catch (const std::bad_alloc&) {
-          return {CL_OUT_OF_HOST_MEMORY, "cannot stage bulk data"};
-        }
-      }
-      core_->bulk_bytes.fetch_add(r.getSize());
-      bulk_[r.getToken()] = std::move(b);
+      if (Err e = BeginBulk(r); !e.ok()) return RefuseBulk(req.getSeq(), r.getToken(), std::move(e));
       return {};
     }
 
@@ -987,11 +973,15 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
 
     case wire::Request::BULK_DATA: {
       auto r = req.getBulkData();
+      if (r.getToken() != 0 && r.getToken() == refused_bulk_) return {};  // already refused
       GMUX_LOOKUP(b, bulk_, r.getToken(), CL_INVALID_VALUE, "bulk token");
       auto data = r.getData();
       Bulk& bulk = **b;
       if (r.getOffset() != bulk.filled || data.size() > bulk.bytes.size() - r.getOffset()) {
-        return {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"};
+        core_->bulk_bytes.fetch_sub(bulk.bytes.staged());
+        bulk_.erase(r.getToken());
+        return RefuseBulk(req.getSeq(), r.getToken(),
+                          {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"});
       }
       // An empty chunk has no bytes to point at (and a transfer of 0 bytes no buffer).
       if (data.size() != 0) {
@@ -1057,13 +1047,56 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
   return {CL_INVALID_OPERATION, "unknown request"};
 }
 
+Session::Err Session::RefuseBulk(uint64_t seq, uint64_t token, Err e) {
+  refused_bulk_ = token;
+  refused_bulk_err_ = e;
+  // A client that asked gets the answer now; otherwise the command naming the token gets it.
+  return seq != 0 ? e : Err{};
+}
+
+Session::Err Session::BeginBulk(wire::BulkBegin::Reader r) {
+  std::shared_ptr<Bulk> b;
+  if (r.getShm()) {
+    // The client's own memory, mapped: nothing is allocated here, so no staging limit applies
+    // (the command that uses it checks the size against its buffer).
+    if (passed_fd_ < 0) return {CL_INVALID_VALUE, "shared-memory bulk without a descriptor"};
+    int fd = passed_fd_;
+    passed_fd_ = -1;
+    auto mapped = MapShared(fd, r.getSize());
+    if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
+    b = std::make_shared<Bulk>(*mapped);
+    b->filled = r.getSize();
+  } else {
+    uint64_t held = core_->bulk_bytes.load();
+    if (limits_.max_bulk_bytes != 0 && (r.getSize() > limits_.max_bulk_bytes ||
+                                        held + r.getSize() > limits_.max_bulk_bytes)) {
+      return {CL_OUT_OF_RESOURCES, "bulk transfer of " + std::to_string(r.getSize()) +
+                                       " bytes exceeds the session's staging limit (max_bulk_bytes)"};
+    }
+    try {
+      b = std::make_shared<Bulk>(std::make_shared<HostBuffer>(r.getSize()));
+    } catch (const std::bad_alloc&) {
+      return {CL_OUT_OF_HOST_MEMORY, "cannot stage bulk data"};
+    }
+  }
+  core_->bulk_bytes.fetch_add(b->bytes.staged());
+  bulk_[r.getToken()] = std::move(b);
+  return {};
+}
+
 Session::Err Session::TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out) {
   auto it = bulk_.find(token);
-  if (it == bulk_.end()) return {CL_INVALID_VALUE, "unknown bulk token " + std::to_string(token)};
+  if (it == bulk_.end()) {
+    if (token != 0 && token == refused_bulk_) {
+      refused_bulk_ = 0;
+      return std::move(refused_bulk_err_);
+    }
+    return {CL_INVALID_VALUE, "unknown bulk token " + std::to_string(token)};
+  }
   out = std::move(it->second);
   bulk_.erase(it);
   if (out->bytes.size() != expected || out->filled != out->bytes.size()) {
-    core_->bulk_bytes.fetch_sub(out->bytes.size());
+    core_->bulk_bytes.fetch_sub(out->bytes.staged());
     out.reset();
     return {CL_INVALID_VALUE, "bulk data does not match the command's size"};
   }
@@ -1376,16 +1409,28 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       cmd->block.kind = core::BlockKind::kKernel;
       cmd->block.work_items = items;
       cmd->block.work_groups = has_local ? groups : 0;
+      // The kernel its chunks run: its own, or its program's restoring variant for this shape
+      // once that is built (restore.h; until then, and without one, the launch runs whole).
+      std::optional<RestoredVariants::Kernel> chunk_kernel;
+      cl_device_id device = backend_.devices()[q->device];
       if (k->splittable) {
+        chunk_kernel = RestoredVariants::Kernel{k->kernel, k->mu, 0};
+      } else if (k->variants && (has_local || !k->restore_needs_local)) {
+        chunk_kernel = k->variants->Find(k->name, LaunchShape{dim, gs, off}, device);
+      }
+      if (chunk_kernel) {
         // May run in chunks of whole work-groups along the last dimension (splitter.h).
-        auto plan = PlanSplit(cl_, k->kernel->h, backend_.devices()[q->device], dim,
-                              gs, has_local ? &ls : nullptr);
+        auto plan = PlanSplit(cl_, k->kernel->h, device, dim, gs, has_local ? &ls : nullptr);
+        if (plan && chunk_kernel->work_group_size != 0 &&
+            plan->local[0] * plan->local[1] * plan->local[2] > chunk_kernel->work_group_size) {
+          plan.reset();  // the variant cannot take the local size the plan passes
+        }
         if (plan) {
           cmd->block.splittable = core::Splittable::kYes;
           cmd->block.work_groups = plan->granules;
-          cmd->run_chunk = [kernel = k->kernel, mu = k->mu, args, dim, off, gs, plan = *plan](
-                               cl_command_queue cq, const std::vector<cl_event>& w,
-                               const core::WorkRange& range, cl_event* out) {
+          cmd->run_chunk = [kernel = chunk_kernel->kernel, mu = chunk_kernel->mu, args, dim, off,
+                            gs, plan = *plan](cl_command_queue cq, const std::vector<cl_event>& w,
+                                              const core::WorkRange& range, cl_event* out) {
             const cl_icd_dispatch& d = Dispatch(cq);
             std::lock_guard<std::mutex> lock(*mu);
             if (cl_int err = kSetArgs(d, kernel->h, args); err != CL_SUCCESS) return err;
@@ -1444,7 +1489,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       // A write with a seq (its data in the client's shared memory) is answered once it ran, so
       // the client may reuse that memory.
       cmd->finished = [core = core_, data, seq](cl_int status) {
-        core->bulk_bytes.fetch_sub(data->bytes.size());
+        core->bulk_bytes.fetch_sub(data->bytes.staged());
         if (seq != 0) core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
       };
       replied = seq != 0;
@@ -1588,8 +1633,9 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
 
 Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
                                 std::shared_ptr<HostBuffer>& out) {
-  if (core_->bulk_bytes.load() + host_bytes > limits_.max_bulk_bytes) {
-    return {CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit"};
+  if (!shm && limits_.max_bulk_bytes != 0 &&
+      core_->bulk_bytes.load() + host_bytes > limits_.max_bulk_bytes) {
+    return {CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit (max_bulk_bytes)"};
   }
   if (shm) {
     // The device writes straight into the client's memory: no copy on the daemon.
@@ -1607,7 +1653,7 @@ Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
     }
     if (zero) std::memset(out->data(), 0, host_bytes);
   }
-  core_->bulk_bytes.fetch_add(host_bytes);
+  core_->bulk_bytes.fetch_add(out->staged());
   return {};
 }
 
@@ -1643,11 +1689,11 @@ std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> c
           c->SendFromWriter(b);
           at += n;
         } while (at < staging->size());
-        c->bulk_bytes.fetch_sub(staging->size());
+        c->bulk_bytes.fetch_sub(staging->staged());
       });
       return;
     }
-    core->bulk_bytes.fetch_sub(staging->size());
+    core->bulk_bytes.fetch_sub(staging->staged());
   };
 }
 
@@ -1715,7 +1761,7 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   }
   cl_int err = CL_SUCCESS;
   cl_mem m = cl_.clCreateImage(ctx->ctx->h, flags, &format, &desc, const_cast<uint8_t*>(host), &err);
-  if (init) core_->bulk_bytes.fetch_sub(init->bytes.size());
+  if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
   if (m == nullptr) return {err, "clCreateImage failed"};
   MemObj mo;
   mo.mem = Adopt(m);
@@ -1798,7 +1844,7 @@ Session::Err Session::EnqueueImage(uint64_t seq, wire::Enqueue::Reader r, Comman
                                                 data->bytes.data(), n, list, out);
       };
       cmd.finished = [core = core_, data, seq](cl_int status) {
-        core->bulk_bytes.fetch_sub(data->bytes.size());
+        core->bulk_bytes.fetch_sub(data->bytes.staged());
         if (seq != 0) core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
       };
       cmd.block.bytes = ir.host_bytes;

@@ -25,6 +25,7 @@
 #include "daemon/backend.h"
 #include "daemon/command.h"
 #include "daemon/config.h"
+#include "daemon/restore.h"
 #include "daemon/validate.h"
 #include "proto/frame.h"
 
@@ -48,6 +49,9 @@ class HostBuffer {
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  // Bytes this process allocated for the buffer: the whole size for a staging copy, 0 for the
+  // client's shared memory mapped here. Only staged bytes count against max_bulk_bytes.
+  size_t staged() const { return heap_ ? size_ : 0; }
 
  private:
   HostBuffer() = default;
@@ -162,6 +166,9 @@ class Session {
     bool linked = false;     // made by clLinkProgram: not built or compiled again
     bool from_binary = false;  // made by clCreateProgramWithBinary
     bool built = false;        // clBuildProgram succeeded at least once
+    // Not splittable only for the builtins a prelude restores (kernel_scan.h): its variants.
+    std::shared_ptr<RestoredVariants> variants{};
+    bool restore_needs_local = false;  // it uses group ids: only launches with a local size
   };
   struct KernelObj {
     Ref<cl_kernel> kernel;
@@ -169,6 +176,9 @@ class Session {
     uint32_t num_args = 0;
     bool splittable = false;  // from its program: launches may run in chunks
     std::map<uint32_t, KernelLimits> limits;  // per device index, queried before any argument
+    std::string name;
+    std::shared_ptr<RestoredVariants> variants;  // from its program (null: none)
+    bool restore_needs_local = false;
   };
   struct Bulk {
     explicit Bulk(std::shared_ptr<HostBuffer> b) : buffer(std::move(b)), bytes(*buffer) {}
@@ -188,6 +198,8 @@ class Session {
   Err Enqueue(uint64_t seq, proto::wire::Enqueue::Reader r, bool& replied);
   Err Finish(uint64_t seq, uint64_t queue, bool& replied);
   Err WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied);
+  Err BeginBulk(proto::wire::BulkBegin::Reader r);
+  Err RefuseBulk(uint64_t seq, uint64_t token, Err e);
   Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out);
   Err CreateImage(proto::wire::CreateImage::Reader r);
   // Host memory a read of `host_bytes` lands in: the client's shared memory passed with the
@@ -221,6 +233,11 @@ class Session {
   std::unordered_map<uint64_t, std::shared_ptr<EventRecord>> events_;
   std::unordered_map<uint64_t, Ref<cl_sampler>> samplers_;
   std::unordered_map<uint64_t, std::shared_ptr<Bulk>> bulk_;
+  // The last bulk transfer refused (its begin or a chunk): the command that names its token
+  // gets this error, and its remaining chunks are dropped quietly. A refused transfer is not
+  // reported on its own (as an unasked error it would fail the client's next clFinish too).
+  uint64_t refused_bulk_ = 0;
+  Err refused_bulk_err_;
   // Commands decoded but not yet handed to the scheduler: while more requests are already
   // waiting in the socket, commands are handed over together (one hand-over per batch).
   std::vector<std::shared_ptr<Command>> to_submit_;

@@ -18,6 +18,7 @@
 #include "daemon/kernel_scan.h"
 #include "daemon/scheduler.h"
 #include "daemon/local_scheduler.h"  // tests/daemon
+#include "daemon/restore.h"
 #include "daemon/splitter.h"
 
 namespace gmux::daemon {
@@ -77,11 +78,14 @@ class SplitSchedTest : public ::testing::Test {
     backend_->cl().clReleaseContext(ctx_);
   }
 
-  cl_program Build(const char* src) {
+  cl_program Build(const char* src, const std::string& options = "") {
     const cl_icd_dispatch& cl = backend_->cl();
     cl_int err;
     cl_program p = cl.clCreateProgramWithSource(ctx_, 1, &src, nullptr, &err);
-    if (cl.clBuildProgram(p, 1, &dev_, "", nullptr, nullptr) != CL_SUCCESS) return nullptr;
+    if (cl.clBuildProgram(p, 1, &dev_, options.c_str(), nullptr, nullptr) != CL_SUCCESS) {
+      cl.clReleaseProgram(p);
+      return nullptr;
+    }
     programs_.push_back(p);
     return p;
   }
@@ -291,6 +295,151 @@ TEST_F(SplitSchedTest, SplittingWouldChangeGroupIdAndGlobalSizeKernels) {
     EXPECT_NE(Read<int>(whole, n), Read<int>(split, n)) << src;
     EXPECT_FALSE(ScanForSplit(src, "").splittable);
   }
+}
+
+// Every builtin the prelude restores, in 1, 2 and 3 dimensions, with and without offsets:
+// everything a work-item can ask about its launch, written out per work-item.
+const char* kAllBuiltinsSource = R"(
+__kernel void info(__global uint* out) {
+  size_t lin = get_global_linear_id();
+  uint d = get_work_dim();
+  __global uint* o = out + lin * 16;
+  o[0] = (uint)lin;
+  for (uint k = 0; k < 3; ++k) {
+    o[1 + k] = (uint)get_group_id(k);
+    o[4 + k] = (uint)get_num_groups(k);
+    o[7 + k] = (uint)get_global_size(k);
+    o[10 + k] = (uint)get_global_offset(k);
+  }
+  o[13] = (uint)get_group_id(d);  // past work_dim: 0, 1, 1, 0 as the builtins say
+  o[14] = (uint)get_num_groups(d) * 10u + (uint)get_global_size(d);
+  o[15] = (uint)get_global_offset(d);
+}
+)";
+
+TEST(KernelScanTest, ProgramsUsingOnlyTheFiveBuiltinsAreRestorable) {
+  SplitVerdict v = ScanForSplit(kAllBuiltinsSource, "");
+  EXPECT_FALSE(v.splittable);
+  EXPECT_TRUE(v.restorable);
+  EXPECT_TRUE(v.uses_groups);
+  v = ScanForSplit(kSizeSource, "-cl-fast-relaxed-math");
+  EXPECT_TRUE(v.restorable);
+  EXPECT_FALSE(v.uses_groups);
+  EXPECT_FALSE(ScanForSplit(kSource, "").restorable);  // splittable as it is
+  // What no prelude can see through stays whole.
+  EXPECT_FALSE(ScanForSplit(std::string(kGroupSource) + "\n#include \"x.h\"", "").restorable);
+  EXPECT_FALSE(ScanForSplit(std::string("#define P(a) a##1\n") + kGroupSource, "").restorable);
+  EXPECT_FALSE(ScanForSplit(kGroupSource, "-I /tmp").restorable);
+  EXPECT_FALSE(ScanForSplit(kGroupSource, "-DG=get_group_id").restorable);
+  EXPECT_FALSE(ScanForSplit(std::string("int __gmux_group_id;\n") + kGroupSource, "").restorable);
+  // The prelude keeps the program's own line numbers for its diagnostics.
+  std::string restored = RestoringSource("line1\nline2");
+  EXPECT_NE(restored.find("#line 1\nline1\nline2"), std::string::npos);
+  EXPECT_EQ(RestoringOptions(1, {64, 7, 9}, {5, 7, 9}),
+            " -D__GMUX_GS0=64UL -D__GMUX_GO0=5UL -D__GMUX_GS1=1UL -D__GMUX_GO1=0UL"
+            " -D__GMUX_GS2=1UL -D__GMUX_GO2=0UL");
+}
+
+TEST_F(SplitSchedTest, RestoredVariantsComputeInChunksWhatTheProgramComputesWhole) {
+  const auto& cl = backend_->cl();
+  cl_program orig = Build(kAllBuiltinsSource, "-cl-std=CL3.0");
+  ASSERT_NE(orig, nullptr);
+  struct Shape {
+    uint32_t dim;
+    std::array<size_t, 3> gs, off, ls;
+  };
+  for (const Shape& sh : {Shape{1, {1024, 1, 1}, {0, 0, 0}, {64, 1, 1}},
+                          Shape{1, {1024, 1, 1}, {4096, 0, 0}, {32, 1, 1}},
+                          Shape{2, {32, 48, 1}, {3, 8, 0}, {8, 4, 1}},
+                          Shape{3, {8, 4, 24}, {1, 2, 5}, {4, 2, 3}}}) {
+    const size_t items = sh.gs[0] * sh.gs[1] * sh.gs[2];
+    auto whole = Buffer(items * 64), split = Buffer(items * 64);
+    auto k = Kernel(orig, "info");
+    cl.clSetKernelArg(k->h, 0, sizeof(cl_mem), &whole->h);
+    ASSERT_EQ(cl.clEnqueueNDRangeKernel(qa_->h, k->h, sh.dim, sh.off.data(), sh.gs.data(),
+                                        sh.ls.data(), 0, nullptr, nullptr),
+              CL_SUCCESS);
+    std::string src = RestoringSource(kAllBuiltinsSource);
+    cl_program var = Build(src.c_str(), "-cl-std=CL3.0" + RestoringOptions(sh.dim, sh.gs, sh.off));
+    ASSERT_NE(var, nullptr) << "the restoring variant did not build";
+    auto vk = Kernel(var, "info");
+    cl.clSetKernelArg(vk->h, 0, sizeof(cl_mem), &split->h);
+    auto plan = PlanSplit(cl, vk->h, dev_, sh.dim, sh.gs, &sh.ls);
+    ASSERT_TRUE(plan.has_value());
+    // Three uneven chunks on granule boundaries.
+    const uint64_t g = items / plan->granules;
+    const uint64_t a = g * (plan->granules / 3), b = g * (plan->granules - 1);
+    ASSERT_LT(0u, a);
+    ASSERT_LT(a, b);
+    for (core::WorkRange r : {core::WorkRange{0, a}, core::WorkRange{a, b}, core::WorkRange{b, items}}) {
+      ASSERT_EQ(EnqueueChunk(cl, qa_->h, vk->h, sh.dim, sh.off, sh.gs, *plan, r, 0, nullptr, nullptr),
+                CL_SUCCESS);
+    }
+    auto w = Read<uint32_t>(whole, items * 16), c = Read<uint32_t>(split, items * 16);
+    size_t diffs = 0, first = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (w[i] != c[i] && diffs++ == 0) first = i;
+    }
+    EXPECT_EQ(diffs, 0u) << sh.dim << "-D launch: first difference at work-item " << first / 16
+                         << " field " << first % 16 << ": whole " << w[first] << ", chunks "
+                         << c[first];
+    // And the original program in the same chunks would not (why the variant exists).
+    auto again = Buffer(items * 64);
+    cl.clSetKernelArg(k->h, 0, sizeof(cl_mem), &again->h);
+    for (core::WorkRange r : {core::WorkRange{0, a}, core::WorkRange{a, b}, core::WorkRange{b, items}}) {
+      ASSERT_EQ(EnqueueChunk(cl, qa_->h, k->h, sh.dim, sh.off, sh.gs, *plan, r, 0, nullptr, nullptr),
+                CL_SUCCESS);
+    }
+    EXPECT_NE(Read<uint32_t>(again, items * 16), w) << sh.dim << "-D";
+  }
+}
+
+TEST_F(SplitSchedTest, RestoredVariantsBuildInTheBackgroundOncePerShape) {
+  const auto& cl = backend_->cl();
+  const char* src = kGroupSource;
+  cl_int err;
+  cl_program p = cl.clCreateProgramWithSource(ctx_, 1, &src, nullptr, &err);
+  ASSERT_EQ(cl.clBuildProgram(p, 1, &dev_, "", nullptr, nullptr), CL_SUCCESS);
+  auto prog = Adopt(p);
+  RestoredVariants v(cl, prog, kGroupSource, "");
+  LaunchShape a{1, {1024, 1, 1}, {0, 0, 0}}, b{1, {2048, 1, 1}, {0, 0, 0}};
+  EXPECT_FALSE(v.Find("groups", a, dev_).has_value());  // starts its build
+  EXPECT_FALSE(v.Find("groups", b, dev_).has_value());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (v.built() + v.failed() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(v.built(), 2u);
+  EXPECT_EQ(v.failed(), 0u);
+  auto ka = v.Find("groups", a, dev_);
+  ASSERT_TRUE(ka.has_value());
+  EXPECT_GT(ka->work_group_size, 0u);
+  auto ka2 = v.Find("groups", a, dev_);
+  ASSERT_TRUE(ka2.has_value());
+  EXPECT_EQ(ka->kernel, ka2->kernel);  // one kernel per variant, name and device
+  EXPECT_FALSE(v.Find("no_such_kernel", a, dev_).has_value());
+  // A shape whose variant does not build (a program that only builds with its options) stays
+  // whole and is not tried again.
+  RestoredVariants bad(cl, prog, "__kernel void groups(__global int* o) { o[get_group_id(0)] = X; }",
+                       "");
+  EXPECT_FALSE(bad.Find("groups", a, dev_).has_value());
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (bad.failed() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(bad.failed(), 1u);
+  EXPECT_FALSE(bad.Find("groups", a, dev_).has_value());
+  EXPECT_EQ(bad.built(), 0u);
+  // More shapes than kept: each new one still gets built, the oldest goes.
+  for (size_t i = 0; i < RestoredVariants::kMaxVariants + 2; ++i) {
+    LaunchShape s{1, {64 * (i + 3), 1, 1}, {0, 0, 0}};
+    v.Find("groups", s, dev_);
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (v.built() < 3 + i && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  EXPECT_EQ(v.built(), 2u + RestoredVariants::kMaxVariants + 2);
 }
 
 TEST_F(SplitSchedTest, SplitPolicyRunsChunksWithOneEventAndIdenticalResults) {

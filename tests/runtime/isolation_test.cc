@@ -1428,5 +1428,80 @@ TEST_F(IsolationTest, ClientsKilledAtRandomPointsLeaveNothingBehind) {
   ExpectAlive("after 100 killed clients");
 }
 
+// ---- Transfers and the staging limit ----
+
+// `max_bulk_bytes` bounds the copies a worker makes of a tenant's data (inline transfers). Data
+// in the client's shared memory is mapped, not copied, so it is not bounded by it: a transfer as
+// large as a buffer works however small the limit (a 2.3 GB buffer of the Khronos CTS failed
+// with a 2 GiB limit). An inline transfer over the limit fails with CL_OUT_OF_RESOURCES for the
+// call it belongs to, and only that call: no stray error for a later clFinish.
+TEST_F(IsolationTest, SharedMemoryTransfersAreNotBoundByTheStagingLimit) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartDaemon(TenantTable("stager", 170, "max_bulk_bytes = 4194304")));  // 4 MiB
+  constexpr size_t kBig = 16u << 20;
+  auto body = [](bool shm) {
+    return [shm](Channel&) -> int {
+      GmuxDevice d;
+      if (!OpenGmux(d)) return 50;
+      std::vector<uint32_t> data(kBig / 4);
+      for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint32_t>(i * 2654435761u);
+      cl_int err = CL_SUCCESS;
+      cl_mem init = clCreateBuffer(d.context, CL_MEM_COPY_HOST_PTR, kBig, data.data(), &err);
+      if (!shm) {
+        // Inline: 16 MiB cannot be staged under a 4 MiB limit.
+        if (init != nullptr || err != CL_OUT_OF_RESOURCES) return 60;
+        cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kBig, nullptr, &err);
+        if (m == nullptr) return 61;
+        std::vector<uint32_t> back(kBig / 4);
+        if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, kBig, back.data(), 0, nullptr,
+                                nullptr) != CL_OUT_OF_RESOURCES) {
+          return 62;
+        }
+        // What fits the limit works, and nothing of the refused calls is reported again.
+        constexpr size_t kSmall = 1u << 20;
+        if (clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, kSmall, data.data(), 0, nullptr,
+                                 nullptr) != CL_SUCCESS) {
+          return 63;
+        }
+        if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, kSmall, back.data(), 0, nullptr,
+                                nullptr) != CL_SUCCESS) {
+          return 64;
+        }
+        if (std::memcmp(back.data(), data.data(), kSmall) != 0) return 65;
+        if (clFinish(d.queue) != CL_SUCCESS) return 66;
+        clReleaseMemObject(m);
+        return 0;
+      }
+      if (init == nullptr) return 70;
+      std::vector<uint32_t> back(kBig / 4);
+      if (clEnqueueReadBuffer(d.queue, init, CL_TRUE, 0, kBig, back.data(), 0, nullptr,
+                              nullptr) != CL_SUCCESS) {
+        return 71;
+      }
+      if (back != data) return 72;
+      for (auto& v : data) v = ~v;
+      if (clEnqueueWriteBuffer(d.queue, init, CL_TRUE, 0, kBig, data.data(), 0, nullptr,
+                               nullptr) != CL_SUCCESS) {
+        return 73;
+      }
+      if (clEnqueueReadBuffer(d.queue, init, CL_TRUE, 0, kBig, back.data(), 0, nullptr,
+                              nullptr) != CL_SUCCESS) {
+        return 74;
+      }
+      if (back != data) return 75;
+      if (clFinish(d.queue) != CL_SUCCESS) return 76;
+      clReleaseMemObject(init);
+      return 0;
+    };
+  };
+  Child shm = Spawn(170, 60, body(true));
+  Outcome o = shm.Wait(55s);
+  EXPECT_TRUE(o.ok()) << "shared-memory transfers of 16 MiB under a 4 MiB limit: " << o.Describe();
+  Child inl = Spawn(170, 60, body(false), {{"GMUX_SHM", "0"}});
+  o = inl.Wait(55s);
+  EXPECT_TRUE(o.ok()) << "inline transfers over the limit: " << o.Describe();
+  ExpectAlive("after transfers over the staging limit");
+}
+
 }  // namespace
 }  // namespace gmux::testing::iso

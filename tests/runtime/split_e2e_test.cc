@@ -6,8 +6,9 @@
 // split only when N >= 2). Through the real ICD loader this process checks that
 //   - a plain kernel built from source runs in chunks (its tenant's dispatches exceed its
 //     commands in `gmux status --json`) with results identical to PoCL run directly;
-//   - the same kernel from clCreateProgramWithBinary, and kernels naming get_group_id or
-//     get_global_size, run whole (dispatches == commands) with identical results;
+//   - the same kernel from clCreateProgramWithBinary runs whole (dispatches == commands);
+//   - kernels using the five builtins a split changes run in chunks once their restoring
+//     variant is built, with identical results;
 //   - every launch is one event whose profiling times are ordered (SUBMIT <= START <= END).
 // No assertion depends on wall-clock timing; deadlines only guard against hangs.
 #include <signal.h>
@@ -69,6 +70,25 @@ __kernel void gsize(__global const uint* in, __global uint* out) {
   out[i] = in[i] + (uint)get_global_size(0) - (uint)i;
 }
 )";
+const char* kNumGroupsSource = R"(
+__kernel void ngroups(__global const uint* in, __global uint* out) {
+  size_t i = get_global_id(0);
+  out[i] = in[i] + (uint)get_num_groups(0) * 7u + (uint)get_group_id(0) * 131u;
+}
+)";
+const char* kOffsetSource = R"(
+__kernel void goffset(__global const uint* in, __global uint* out) {
+  size_t i = get_global_id(0) - get_global_offset(0);
+  out[i] = in[i] ^ (uint)get_global_offset(0) ^ ((uint)get_global_size(0) << 3);
+}
+)";
+// OpenCL C 2.0 and later only (built with -cl-std=CL3.0).
+const char* kLinearSource = R"(
+__kernel void linear(__global uint* out, uint w) {
+  size_t x = get_global_id(0) - get_global_offset(0), y = get_global_id(1) - get_global_offset(1);
+  out[y * w + x] = (uint)get_global_linear_id() * 3u + (uint)get_group_id(1);
+}
+)";
 // The busy tenant's kernel.
 const char* kBusySource = R"(
 __kernel void spin(__global uint* out, uint iters) {
@@ -124,6 +144,8 @@ struct Launch {
   cl_uint dim = 1;
   std::array<size_t, 3> global{kN, 1, 1};
   const size_t* local = nullptr;  // nullptr: none given
+  const size_t* offset = nullptr; // nullptr: none given
+  std::string options;            // build options
   bool with_input = true;
   cl_uint scalar = 0;             // last argument, when the kernel has one
   bool has_scalar = false;
@@ -157,7 +179,7 @@ Ran RunOn(const ClDevice& d, cl_program p, const Launch& l) {
   if (l.has_scalar) {
     EXPECT_EQ(clSetKernelArg(k, arg++, sizeof(cl_uint), &l.scalar), CL_SUCCESS);
   }
-  EXPECT_EQ(clEnqueueNDRangeKernel(d.queue, k, l.dim, nullptr, l.global.data(), l.local, 0,
+  EXPECT_EQ(clEnqueueNDRangeKernel(d.queue, k, l.dim, l.offset, l.global.data(), l.local, 0,
                                    nullptr, &r.event),
             CL_SUCCESS)
       << l.kernel;
@@ -324,9 +346,9 @@ class SplitE2eTest : public ::testing::Test {
     EXPECT_GT(busy.commands, busy.completed) << "the busy tenant went idle";
   }
 
-  cl_program Build(const ClDevice& d, const std::string& src) {
+  cl_program Build(const ClDevice& d, const std::string& src, const std::string& options = "") {
     std::string log;
-    cl_program p = BuildProgram(d, src, &log);
+    cl_program p = BuildProgram(d, src, &log, options.c_str());
     EXPECT_NE(p, nullptr) << log;
     return p;
   }
@@ -334,7 +356,7 @@ class SplitE2eTest : public ::testing::Test {
   // Runs `l` on PoCL directly from source and expects the gmux run `g` to have computed the
   // same, with a well-formed event (kept until the end of the test).
   void CompareWithNative(const Ran& g, const Launch& l) {
-    cl_program np = Build(native_, l.source);
+    cl_program np = Build(native_, l.source, l.options);
     if (np == nullptr) return;
     Ran n = RunOn(native_, np, l);
     clReleaseProgram(np);
@@ -493,29 +515,91 @@ TEST_F(SplitE2eTest, KernelFromBinaryIsNotSplitWithIdenticalResults) {
   ExpectBusyActive();
 }
 
-// (c) Kernels naming get_group_id or get_global_size run whole.
-TEST_F(SplitE2eTest, GroupIdAndGlobalSizeKernelsAreNotSplitWithIdenticalResults) {
+// (c) Kernels that use get_group_id, get_num_groups, get_global_size, get_global_offset or
+// get_global_linear_id run whole at first; once their program's restoring variant for the
+// launch's shape is built (in the background, restore.h), launches of that shape run in chunks,
+// and every run computes what PoCL computes directly.
+TEST_F(SplitE2eTest, KernelsUsingTheFiveBuiltinsSplitOnceRestoredWithIdenticalResults) {
   ExpectBusyActive();
   static const size_t kLocal64[3] = {64, 1, 1};
+  static const size_t kOffset[3] = {1000, 0, 0};
+  static const size_t kOffset2[3] = {3, 5, 0};
+  static const size_t kLocal2[3] = {16, 4, 1};
   std::vector<Launch> launches;
   Launch g;
   g.source = kGroupSource;
   g.kernel = "groups";
   g.local = kLocal64;
   launches.push_back(g);
-  Launch s;
+  Launch n;
+  n.source = kNumGroupsSource;
+  n.kernel = "ngroups";
+  n.local = kLocal64;
+  launches.push_back(n);
+  Launch s;  // no local size: it uses no group ids, so gmux may choose one
   s.source = kSizeSource;
   s.kernel = "gsize";
   launches.push_back(s);
-  auto deltas = RunAndCount(launches, [this](const Launch& l) {
-    return Build(gmux_, l.source);
-  });
-  ASSERT_EQ(deltas.size(), launches.size());
-  for (const Delta& d : deltas) {
-    EXPECT_EQ(d.commands, 2u) << d.kernel;
-    EXPECT_EQ(d.dispatches, d.commands) << d.kernel << " ran in chunks";
+  Launch o;
+  o.source = kOffsetSource;
+  o.kernel = "goffset";
+  o.offset = kOffset;
+  launches.push_back(o);
+  Launch l;  // 2-D with offsets: chunks of whole rows
+  l.source = kLinearSource;
+  l.kernel = "linear";
+  l.dim = 2;
+  l.global = {128, 512, 1};
+  l.offset = kOffset2;
+  l.local = kLocal2;
+  l.options = "-cl-std=CL3.0";
+  l.with_input = false;
+  l.scalar = 128;
+  l.has_scalar = true;
+  launches.push_back(l);
+  for (const Launch& launch : launches) {
+    cl_program p = Build(gmux_, launch.source, launch.options);
+    ASSERT_NE(p, nullptr) << launch.kernel;
+    bool split = false;
+    int runs = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!split && std::chrono::steady_clock::now() < deadline) {
+      Counters before = Tenant(kAppTenant);
+      Ran r = RunOn(gmux_, p, launch);
+      Counters after = Tenant(kAppTenant);
+      ++runs;
+      EXPECT_EQ(after.commands - before.commands, 2u) << launch.kernel;
+      split = after.dispatches - before.dispatches > after.commands - before.commands;
+      CompareWithNative(r, launch);
+      if (HasFailure()) break;
+      if (!split) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    clReleaseProgram(p);
+    std::printf("%s: split after %d runs\n", launch.kernel.c_str(), runs);
+    EXPECT_TRUE(split) << launch.kernel << " never ran in chunks (" << runs << " runs)";
+    ExpectBusyActive();
   }
+}
+
+// (c') A kernel that uses group ids, launched without a local size, always runs whole: the
+// work-groups the backend would choose are not known, so a restored run could differ.
+TEST_F(SplitE2eTest, GroupIdKernelWithoutLocalSizeRunsWhole) {
   ExpectBusyActive();
+  Launch g;
+  g.source = kGroupSource;
+  g.kernel = "groups";
+  cl_program p = Build(gmux_, g.source);
+  ASSERT_NE(p, nullptr);
+  for (int i = 0; i < 5; ++i) {
+    Counters before = Tenant(kAppTenant);
+    Ran r = RunOn(gmux_, p, g);
+    Counters after = Tenant(kAppTenant);
+    EXPECT_EQ(after.dispatches - before.dispatches, after.commands - before.commands)
+        << "run " << i << " ran in chunks";
+    CompareWithNative(r, g);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  clReleaseProgram(p);
 }
 
 // (d) is checked on every gmux launch above (CompareWithNative); here also for back-to-back split launches
