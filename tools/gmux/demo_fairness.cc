@@ -45,8 +45,10 @@ __kernel void matmul(__global const float* A, __global const float* B, __global 
 
 // The closed-loop setups' kernel: each work-item runs kSpinIters dependent multiply-adds, so a
 // launch's work is proportional to its work-items. kSpinSource uses only get_global_id (gmux may
-// cut it into chunks); kGroupedSource computes the same index from get_group_id, which makes the
-// program unsplittable (kernel_scan.h scans a whole program), as many real kernels are.
+// cut it into chunks as it is); kGroupedSource computes the same index from get_group_id, so
+// gmux cuts it only through a restoring variant built after its first launch of a shape
+// (kernel_scan.h, restore.h); kWholeSource builds the name with the token-pasting operator,
+// which no scan sees through, so its launches always run whole, as some real kernels' do.
 const char* kSpinSource = R"(
 __kernel void spin(__global float* out, int iters) {
   size_t i = get_global_id(0);
@@ -61,6 +63,15 @@ __kernel void spin(__global float* out, int iters) {
   for (int k = 0; k < iters; ++k) x = x * 0.9990f + 1.0f;
   out[i] = x;
 })";
+const char* kWholeSource = R"(
+#define BUILTIN(what) get_##what##_id
+__kernel void spin(__global float* out, int iters) {
+  size_t i = BUILTIN(global)(0);
+  float x = (float)(i % 97);
+  for (int k = 0; k < iters; ++k) x = x * 0.9990f + 1.0f;
+  out[i] = x;
+})";
+enum class SpinKind { kSplittable, kRestored, kWhole };
 constexpr int kSpinItems = 4096;  // work-items of a 1x launch
 constexpr int kSpinLocal = 64;
 constexpr int kSpinIters = 600;   // about 1 ms per 1x launch on two CPU cores under PoCL
@@ -71,7 +82,7 @@ struct TenantSpec {
   int n = 128;        // matmul: matrix size; one launch is n x n work-items, n^3 multiply-adds
   int mult = 0;       // > 0: the spin kernel with mult x kSpinItems work-items per launch
   int depth = 0;      // launches kept outstanding; 0: --depth; 1: launch + clFinish, a closed loop
-  bool splittable = true;  // spin only: false builds kGroupedSource (unsplittable)
+  SpinKind kind = SpinKind::kSplittable;  // spin only: which source
 };
 
 struct Setup {
@@ -93,8 +104,9 @@ std::vector<Setup> AllSetups() {
   Setup w{"vmcg-weighted", {{"small", 4, 128}, {"medium", 2, 192}, {"large", 1, 256}}};
   // Ordinary programs: closed loops of one launch + clFinish (docs/reproductions.md, "Closed
   // loops"); kernels 1x to 64x in work per launch, splittable and not, open loops beside them.
-  auto closed = [](std::string name, double weight, int mult, int depth = 1, bool split = true) {
-    return TenantSpec{std::move(name), weight, 0, mult, depth, split};
+  auto closed = [](std::string name, double weight, int mult, int depth = 1,
+                   SpinKind kind = SpinKind::kSplittable) {
+    return TenantSpec{std::move(name), weight, 0, mult, depth, kind};
   };
   Setup c211{"closed-211", {closed("x1", 2, 1), closed("x4", 1, 4), closed("x16", 1, 16)}, true};
   Setup ceq{"closed-equal", {closed("x1", 1, 1), closed("x4", 1, 4), closed("x16", 1, 16)}, true};
@@ -102,14 +114,20 @@ std::vector<Setup> AllSetups() {
               {closed("x1", 1, 1), closed("x16-a", 1, 16), closed("x16-b", 1, 16)}, true};
   Setup open{"open-closed", {closed("x1", 1, 1), closed("x16-open", 1, 16, 4)}, true};
   Setup unsplit{"unsplittable",
-                {closed("x1", 1, 1), closed("x4-whole", 1, 4, 1, false), closed("x16", 1, 16)},
+                {closed("x1", 1, 1), closed("x4-whole", 1, 4, 1, SpinKind::kWhole),
+                 closed("x16", 1, 16)},
                 true};
+  Setup restored{"restored",
+                 {closed("x1-groups", 1, 1, 1, SpinKind::kRestored),
+                  closed("x4-groups", 1, 4, 1, SpinKind::kRestored),
+                  closed("x16-groups", 1, 16, 1, SpinKind::kRestored)},
+                 true};
   Setup eight{"eight",
               {closed("x1-a", 2, 1), closed("x1-b", 1, 1), closed("x4-a", 2, 4),
                closed("x4-b", 1, 4), closed("x16-a", 1, 16), closed("x16-b", 1, 16),
                closed("x64", 1, 64), closed("x16-open", 1, 16, 4)},
               true};
-  return {ky, eq, w, c211, ceq, small, open, unsplit, eight};
+  return {ky, eq, w, c211, ceq, small, open, unsplit, restored, eight};
 }
 
 std::vector<std::string> SplitList(const std::string& s) {
@@ -281,7 +299,10 @@ int TenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int s
 // ordinary program is: a std::vector, blocking calls. Same protocol as TenantMain.
 int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, int start_fd) {
   TenantCl cl;
-  if (int failed = OpenTenantCl(t.splittable ? kSpinSource : kGroupedSource, "spin", cl);
+  const char* source = t.kind == SpinKind::kWhole      ? kWholeSource
+                       : t.kind == SpinKind::kRestored ? kGroupedSource
+                                                       : kSpinSource;
+  if (int failed = OpenTenantCl(source, "spin", cl);
       failed != 0) {
     return failed;
   }

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fair->add_option("--setups", fair_opts.setups,
                    "Comma-separated setups: kangyu, vmcg-equal, vmcg-weighted; closed loops: "
-                   "closed-211, closed-equal, small-among-large, open-closed, unsplittable, eight")
+                   "closed-211, closed-equal, small-among-large, open-closed, unsplittable, restored, eight")
       ->capture_default_str();
   fair->add_option("--param", fair_opts.params,
                    "Policy parameter POLICY.KEY=VALUE, repeatable (e.g. split.beta=256, "
