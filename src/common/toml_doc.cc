@@ -1,5 +1,8 @@
 #include "common/toml_doc.h"
 
+#include <cctype>
+#include <cstdlib>
+
 #include <fstream>
 #include <sstream>
 
@@ -81,6 +84,44 @@ Result<int64_t> TomlDoc::Integer(const toml::table& t, std::string_view key,
     return Error(n, key, m.str());
   }
   return v;
+}
+
+Result<uint64_t> TomlDoc::Bytes(const toml::table& t, std::string_view key,
+                                std::optional<uint64_t> fallback) const {
+  const toml::node* n = t.get(key);
+  if (n == nullptr) {
+    if (fallback) return *fallback;
+    return Error(&t, key, "is required");
+  }
+  if (n->is_integer()) {
+    int64_t v = *n->value<int64_t>();
+    if (v < 0) return Error(n, key, "a size cannot be negative");
+    return static_cast<uint64_t>(v);
+  }
+  if (!n->is_string()) return Error(n, key, "expected a size: bytes, or a string such as \"2GiB\"");
+  const std::string text = *n->value<std::string>();
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  const std::string number = text.substr(0, i);
+  while (i < text.size() && text[i] == ' ') ++i;
+  const std::string unit = text.substr(i);
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},          {"B", 1},         {"K", 1024.0},    {"KiB", 1024.0}, {"KB", 1e3},
+      {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},   {"G", 1073741824.0},
+      {"GiB", 1073741824.0}, {"GB", 1e9}, {"T", 1099511627776.0}, {"TiB", 1099511627776.0},
+      {"TB", 1e12}};
+  double scale = 0;
+  for (const auto& [name, f] : kUnits) {
+    if (unit == name) scale = f;
+  }
+  char* end = nullptr;
+  const double value = number.empty() ? -1 : std::strtod(number.c_str(), &end);
+  if (scale == 0 || value < 0 || end != number.c_str() + number.size()) {
+    return Error(n, key, "'" + text + "' is not a size (for example 1048576, \"512MiB\", \"2GiB\")");
+  }
+  const double bytes = value * scale;
+  if (bytes >= 1.8e19) return Error(n, key, "'" + text + "' is too large");
+  return static_cast<uint64_t>(bytes + 0.5);
 }
 
 Result<bool> TomlDoc::Bool(const toml::table& t, std::string_view key,

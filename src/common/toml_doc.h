@@ -41,6 +41,10 @@ class TomlDoc {
   Result<int64_t> Integer(const toml::table& t, std::string_view key,
                           std::optional<int64_t> fallback, int64_t min = INT64_MIN,
                           int64_t max = INT64_MAX) const;
+  // A size in bytes: an integer, or a string of a number and a unit ("2GiB", "512 MiB", "1.5G";
+  // K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB of 1000, B bytes).
+  Result<uint64_t> Bytes(const toml::table& t, std::string_view key,
+                         std::optional<uint64_t> fallback) const;
   Result<bool> Bool(const toml::table& t, std::string_view key, std::optional<bool> fallback) const;
   Result<std::string> String(const toml::table& t, std::string_view key,
                              std::optional<std::string> fallback) const;

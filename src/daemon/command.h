@@ -134,6 +134,25 @@ class CommandSink {
   virtual bool WaitForRoom(uint64_t limit) = 0;
   // The scheduler's JSON as this session's tenant may see it ("{}" when unavailable).
   virtual std::string Status() = 0;
+
+  // Device memory against the tenant's quota and the device's managed capacity (control.h):
+  // reserves `bytes` on device `device` before an allocation, gives them back after its release.
+  // The default (no broker: in-process tests) grants everything.
+  struct MemoryAnswer {
+    bool granted = true;
+    bool over_quota = false;  // else over the device's capacity (or no answer)
+    uint64_t used = 0;        // the tenant's use on the device
+    uint64_t limit = 0;       // the limit that refused
+  };
+  virtual MemoryAnswer ReserveMemory(uint32_t device, uint64_t bytes) {
+    (void)device;
+    (void)bytes;
+    return {};
+  }
+  virtual void ReleaseMemory(uint32_t device, uint64_t bytes) {
+    (void)device;
+    (void)bytes;
+  }
 };
 
 }  // namespace gmux::daemon

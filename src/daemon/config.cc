@@ -141,6 +141,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     }
     GMUX_RETURN_IF_ERROR(count("worker_open_files", base.worker_open_files,
                                out.worker_open_files));
+    GMUX_ASSIGN_OR_RETURN(out.memory_quota, doc.Bytes(t, "memory_quota", base.memory_quota));
     if (out.worker_open_files != 0 && out.worker_open_files < 64) {
       return doc.Error(t.get("worker_open_files"), "worker_open_files",
                        "must be 0 (no limit) or at least 64");
@@ -159,7 +160,8 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
         *d, {"socket", "socket_mode", "listen", "max_sessions", "max_bulk_bytes_per_session",
              "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
-             "worker_user", "spare_workers", "state_dir", "express_dispatch"}));
+             "worker_user", "spare_workers", "state_dir", "express_dispatch", "memory_bytes"}));
+    GMUX_ASSIGN_OR_RETURN(o.memory_bytes, doc.Bytes(*d, "memory_bytes", 0));
     GMUX_ASSIGN_OR_RETURN(o.handshake_timeout_s, doc.Number(*d, "handshake_timeout_s", 5.0, 0.01));
     GMUX_ASSIGN_OR_RETURN(int64_t mu, doc.Integer(*d, "max_unidentified", 64, 1, 1 << 20));
     o.max_unidentified = static_cast<uint32_t>(mu);

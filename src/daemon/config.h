@@ -43,12 +43,15 @@ struct TenantLimits {
   // serves the session, hard and soft, so tenant code cannot raise them again:
   uint64_t worker_memory_bytes = 0;        // RLIMIT_DATA (heap, device buffers of a CPU device)
   uint64_t worker_open_files = 1024;       // RLIMIT_NOFILE
+  // Device memory per device, across all of the tenant's sessions (buffers and images; the
+  // tenant sees it as the device's memory). 0: no quota.
+  uint64_t memory_quota = 0;
 };
 
 // The keys of [limits] and of a [[tenant]]'s limits.
 inline constexpr std::string_view kTenantLimitKeys[] = {
     "command_time_limit_s", "max_queued_commands", "max_events",       "max_objects",
-    "max_bulk_bytes",       "worker_memory_bytes", "worker_open_files"};
+    "max_bulk_bytes",       "worker_memory_bytes", "worker_open_files", "memory_quota"};
 
 struct TenantConfig {
   std::string name;
@@ -89,6 +92,9 @@ struct DaemonOptions {
   TenantLimits limits;                          // [limits]: every tenant's defaults
   uint64_t max_bulk_bytes_per_session = 2ull << 30;  // staged upload bytes one session may hold
   uint32_t inflight_per_device = 32;            // dispatched, unfinished commands per device
+  // Device memory gmuxd manages per device: every tenant's buffers and images together (0: the
+  // backend's CL_DEVICE_GLOBAL_MEM_SIZE).
+  uint64_t memory_bytes = 0;
   // A tenant alone on a device starts its commands without the scheduler's round trip
   // (docs/policies.md, "Express dispatch"); only for policies that would not hold it back.
   bool express_dispatch = true;

@@ -17,6 +17,14 @@
 //                      kLimits      the session's new share of its tenant's limits (one record)
 //                      kExpress     express dispatch on a device granted (slots > 0) or revoked
 //   worker -> broker   kExpressEnd  a revoke taken: no express Ready follows for that grant
+//   worker -> broker   kMemReserve  device memory for an allocation, against the tenant's quota
+//                                   and the device's managed capacity (answered by kMemAnswer)
+//   broker -> worker   kMemAnswer   granted or why not
+//   worker -> broker   kMemFree     memory of a released object given back
+//
+// Device memory (docs/operations.md, "Device memory"): the broker keeps the books, per tenant
+// and device and per worker, so a quota holds across all of a tenant's sessions; a worker's
+// reservations go back when it dies. A worker may only give back what it holds.
 //
 // Express dispatch (docs/policies.md): while a worker's tenant has had a device to itself, the
 // broker lets the worker start commands at once (up to `slots` in flight) and report them as
@@ -45,7 +53,10 @@ enum class Type : uint32_t {
   kLimits = 8,
   kExpress = 9,
   kExpressEnd = 10,
-  kLast = kExpressEnd,  // the highest type (Receive rejects anything above)
+  kMemReserve = 11,
+  kMemAnswer = 12,
+  kMemFree = 13,
+  kLast = kMemFree,  // the highest type (Receive rejects anything above)
 };
 
 struct Header {
@@ -67,6 +78,10 @@ struct Limits {
   uint64_t max_events = 0;
   uint64_t max_objects = 0;
   uint64_t max_bulk_bytes = 0;
+  // Not divided among sessions (the broker's books are shared): for the tenant's view of the
+  // device (CL_DEVICE_GLOBAL_MEM_SIZE, CL_DEVICE_MAX_MEM_ALLOC_SIZE). 0: none.
+  uint64_t memory_quota = 0;     // per device, the tenant's
+  uint64_t memory_capacity = 0;  // per device, managed by gmuxd (0: the backend's)
 };
 
 struct Assign {
@@ -122,6 +137,30 @@ struct Done {
   uint64_t device_ns = 0;
   int32_t status = 0;
   uint32_t last = 1;
+};
+
+struct MemReserve {
+  uint64_t seq = 0;
+  uint64_t bytes = 0;
+  uint32_t device = 0;
+  uint32_t reserved = 0;
+};
+
+enum class MemVerdict : uint32_t { kGranted = 0, kQuota = 1, kCapacity = 2 };
+
+struct MemAnswer {
+  uint64_t seq = 0;
+  uint64_t bytes = 0;    // as asked
+  uint32_t verdict = 0;  // MemVerdict
+  uint32_t device = 0;   // as asked
+  uint64_t used = 0;     // the tenant's use on the device after the answer
+  uint64_t limit = 0;    // the limit that refused (kQuota, kCapacity), else the quota
+};
+
+struct MemFree {
+  uint64_t bytes = 0;
+  uint32_t device = 0;
+  uint32_t reserved = 0;
 };
 
 struct StatsQuery {

@@ -129,6 +129,7 @@ void Scheduler::AddWorker(uint64_t session, TenantId tenant, int fd, pid_t pid) 
     w->fd = fd;
     w->pid = pid;
     w->queued_on.resize(devices_.size());
+    w->mem_held.resize(devices_.size());
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = session;
@@ -152,6 +153,62 @@ void Scheduler::SetLimits(uint64_t session, const ctl::Limits& limits) {
     ctl::Send(it->second->fd, ctl::Type::kLimits, &limits, sizeof(limits), 1, -1, true)
         .IgnoreError();
   });
+}
+
+void Scheduler::SetMemoryCapacity(uint32_t device, uint64_t bytes) {
+  mailbox_.Post([this, device, bytes] {
+    if (device < devices_.size()) devices_[device].mem_capacity = bytes;
+  });
+}
+
+void Scheduler::SetMemoryQuota(TenantId tenant, uint64_t bytes) {
+  mailbox_.Post([this, tenant, bytes] { tenants_[tenant].memory_quota = bytes; });
+}
+
+void Scheduler::OnMemReserve(Worker& w, const std::vector<ctl::MemReserve>& asks) {
+  TenantStats& t = tenants_[w.tenant];
+  t.mem_used.resize(devices_.size());
+  t.mem_peak.resize(devices_.size());
+  for (const ctl::MemReserve& a : asks) {
+    if (a.device >= devices_.size() || a.bytes == 0) return Drop(w, GoneReason::kMalformed);
+    DeviceState& d = devices_[a.device];
+    uint64_t& used = t.mem_used[a.device];
+    ctl::MemAnswer ans{a.seq, a.bytes, static_cast<uint32_t>(ctl::MemVerdict::kGranted),
+                       a.device, used, t.memory_quota};
+    // Overflow-safe: bytes above a limit fail before they are added.
+    if (t.memory_quota != 0 && (a.bytes > t.memory_quota || used > t.memory_quota - a.bytes)) {
+      ans.verdict = static_cast<uint32_t>(ctl::MemVerdict::kQuota);
+    } else if (d.mem_capacity != 0 &&
+               (a.bytes > d.mem_capacity || d.mem_used > d.mem_capacity - a.bytes)) {
+      ans.verdict = static_cast<uint32_t>(ctl::MemVerdict::kCapacity);
+      ans.limit = d.mem_capacity;
+    } else {
+      used += a.bytes;
+      d.mem_used += a.bytes;
+      w.mem_held[a.device] += a.bytes;
+      t.mem_peak[a.device] = std::max(t.mem_peak[a.device], used);
+      ans.used = used;
+    }
+    if (ans.verdict != static_cast<uint32_t>(ctl::MemVerdict::kGranted)) ++t.mem_refused;
+    // The worker waits for this answer: a worker that lets its channel fill gets none, and
+    // its grant is taken back (it gives up waiting and refuses the allocation).
+    if (!ctl::Send(w.fd, ctl::Type::kMemAnswer, &ans, sizeof(ans), 1, -1, true).ok() &&
+        ans.verdict == static_cast<uint32_t>(ctl::MemVerdict::kGranted)) {
+      FreeMemory(w, a.device, a.bytes);
+    }
+  }
+}
+
+void Scheduler::FreeMemory(Worker& w, uint32_t device, uint64_t bytes) {
+  if (device >= devices_.size()) return;
+  bytes = std::min(bytes, w.mem_held[device]);
+  w.mem_held[device] -= bytes;
+  DeviceState& d = devices_[device];
+  d.mem_used -= std::min(bytes, d.mem_used);
+  auto t = tenants_.find(w.tenant);
+  if (t != tenants_.end() && device < t->second.mem_used.size()) {
+    t->second.mem_used[device] -= std::min(bytes, t->second.mem_used[device]);
+  }
 }
 
 void Scheduler::CountWorkerDeath(TenantId tenant, bool watchdog) {
@@ -184,6 +241,19 @@ void Scheduler::OnMessage(Worker& w, const ctl::Message& m) {
       }
       return;
     }
+    case ctl::Type::kMemReserve:
+      if (m.body.size() % sizeof(ctl::MemReserve) != 0) return Drop(w, GoneReason::kMalformed);
+      return OnMemReserve(w, m.As<ctl::MemReserve>());
+    case ctl::Type::kMemFree:
+      if (m.body.size() % sizeof(ctl::MemFree) != 0) return Drop(w, GoneReason::kMalformed);
+      for (const ctl::MemFree& f : m.As<ctl::MemFree>()) {
+        // Only what this worker holds.
+        if (f.device >= devices_.size() || f.bytes > w.mem_held[f.device]) {
+          return Drop(w, GoneReason::kMalformed);
+        }
+        FreeMemory(w, f.device, f.bytes);
+      }
+      return;
     case ctl::Type::kStatsQuery: {
       auto q = m.As<ctl::StatsQuery>();
       if (q.size() != 1) return Drop(w, GoneReason::kMalformed);
@@ -402,6 +472,8 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
     }
   }
   std::fill(w.queued_on.begin(), w.queued_on.end(), 0);
+  // Its device memory went with its process.
+  for (uint32_t di = 0; di < devices_.size(); ++di) FreeMemory(w, di, w.mem_held[di]);
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end() && t->second.sessions > 0) --t->second.sessions;
   if (on_worker_gone_) on_worker_gone_(w.session, w.pid, why);
@@ -594,7 +666,10 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                              ? json(d.express->session)
                              : json(nullptr)},
                         {"held_commands", d.held.size()},
-                        {"dispatches", d.dispatches}});
+                        {"dispatches", d.dispatches},
+                        // Others' use is not a tenant's business; the capacity is.
+                        {"memory_capacity", d.mem_capacity},
+                        {"memory_used", only ? json(nullptr) : json(d.mem_used)}});
   }
   j["devices"] = devs;
   // Kang & Yu's N: tenants with work pending or in flight.
@@ -637,6 +712,15 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
       }
     }
     x["pending_commands"] = pending;
+    json mem = json::array();
+    for (size_t di = 0; di < devices_.size(); ++di) {
+      mem.push_back(json{{"device", di},
+                         {"used", di < t.mem_used.size() ? t.mem_used[di] : 0},
+                         {"peak", di < t.mem_peak.size() ? t.mem_peak[di] : 0},
+                         {"quota", t.memory_quota}});
+    }
+    x["memory"] = std::move(mem);
+    x["memory_refused"] = t.mem_refused;
     ts.push_back(std::move(x));
   }
   j["tenants"] = ts;

@@ -79,6 +79,10 @@ class Scheduler {
   void CountWorkerDeath(TenantId tenant, bool watchdog);
   // Sends a worker its session's new share of the tenant's limits (ctl::kLimits).
   void SetLimits(uint64_t session, const ctl::Limits& limits);
+  // Device memory (control.h, kMemReserve): the bytes of each device gmuxd manages (0: no
+  // limit) and a tenant's quota per device (0: none). Reservations are answered against both.
+  void SetMemoryCapacity(uint32_t device, uint64_t bytes);
+  void SetMemoryQuota(TenantId tenant, uint64_t bytes);
 
   // Commands submitted and not yet completed (all tenants).
   uint64_t Outstanding() const { return outstanding_.load(); }
@@ -99,6 +103,7 @@ class Scheduler {
     std::vector<ctl::Release> out;                 // releases not yet sent
     std::vector<ctl::Express> express_out;         // grants and revokes not yet sent
     std::vector<uint64_t> queued_on;               // per device: its blocks in the policy
+    std::vector<uint64_t> mem_held;                // per device: memory reserved, not given back
     bool dead = false;
   };
   struct Queued {
@@ -132,6 +137,8 @@ class Scheduler {
     TimePoint revoke_since{};
     std::vector<std::pair<Worker*, ctl::Ready>> held;
     std::unordered_map<TenantId, TimePoint> last_active;  // last Ready or Done per tenant
+    uint64_t mem_capacity = 0;  // 0: no limit
+    uint64_t mem_used = 0;      // reserved by every tenant
   };
 
   void Loop();
@@ -140,6 +147,9 @@ class Scheduler {
   void OnMessage(Worker& w, const ctl::Message& m);
   void OnReady(Worker& w, const std::vector<ctl::Ready>& ready);
   void OnDone(Worker& w, const std::vector<ctl::Done>& done);
+  void OnMemReserve(Worker& w, const std::vector<ctl::MemReserve>& asks);
+  // Gives back `bytes` of `w`'s reservation on `device` (at most what it holds).
+  void FreeMemory(Worker& w, uint32_t device, uint64_t bytes);
   // A policy block for `r`, counted as submitted (outstanding, the tenant's counters).
   core::CommandBlock NewBlock(const Worker& w, const ctl::Ready& r);
   void Submit(Worker& w, const ctl::Ready& r);
@@ -185,6 +195,10 @@ class Scheduler {
     uint64_t watchdog_kills = 0;      // of which by the watchdog
     uint64_t sessions = 0;            // workers connected now
     bool in_policy = false;           // has V-channels (a session is or was connected)
+    uint64_t memory_quota = 0;        // per device; 0: none
+    std::vector<uint64_t> mem_used;   // per device: reserved by its workers now
+    std::vector<uint64_t> mem_peak;   // per device: the most ever reserved at once
+    uint64_t mem_refused = 0;         // reservations refused (quota or capacity)
   };
   std::map<TenantId, TenantStats> tenants_;
   uint64_t worker_deaths_ = 0;

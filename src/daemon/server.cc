@@ -91,6 +91,11 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   GMUX_ASSIGN_OR_RETURN(s->scheduler_,
                         Scheduler::Create(spec, devices, options.inflight_per_device,
                                           DevicePolicySpecs(options), options.express_dispatch));
+  // The device memory gmuxd manages: configured, or all the backend reports.
+  for (uint32_t i = 0; i < devices.size(); ++i) {
+    s->scheduler_->SetMemoryCapacity(
+        i, options.memory_bytes != 0 ? options.memory_bytes : devices[i].memory_bytes);
+  }
   s->root_ = ::geteuid() == 0;
   s->tcp_uid_ = ::geteuid();
   s->tcp_gid_ = ::getegid();
@@ -796,7 +801,7 @@ namespace {
 
 // A session's share of its tenant's limits: each divided among the tenant's `sessions`, so that
 // together they never hold more than the tenant may (docs/policies.md).
-ctl::Limits ShareOf(const TenantLimits& l, size_t sessions) {
+ctl::Limits ShareOf(const TenantLimits& l, size_t sessions, uint64_t memory_capacity) {
   const uint64_t n = std::max<size_t>(sessions, 1);
   auto part = [n](uint64_t v) { return v == 0 ? 0 : std::max<uint64_t>(1, v / n); };
   ctl::Limits s;
@@ -804,6 +809,9 @@ ctl::Limits ShareOf(const TenantLimits& l, size_t sessions) {
   s.max_events = part(l.max_events);
   s.max_objects = part(l.max_objects);
   s.max_bulk_bytes = part(l.max_bulk_bytes);
+  // Shared through the broker's books, not divided.
+  s.memory_quota = l.memory_quota;
+  s.memory_capacity = memory_capacity;
   return s;
 }
 
@@ -818,7 +826,7 @@ void Server::ShareLimits(TenantId tenant, uint64_t except) {
     }
   }
   for (const auto& [id, l] : mine) {
-    if (id != except) scheduler_->SetLimits(id, ShareOf(l, mine.size()));
+    if (id != except) scheduler_->SetLimits(id, ShareOf(l, mine.size(), options_.memory_bytes));
   }
 }
 
@@ -864,7 +872,8 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
   a.tenant = p->tenant_id;
   a.tcp = p->tcp ? 1 : 0;
   a.max_payload_bytes = options_.frame.max_payload_bytes;
-  a.limits = ShareOf(p->tenant.limits, static_cast<size_t>(tenant_sessions_[p->tenant_id]) + 1);
+  a.limits = ShareOf(p->tenant.limits, static_cast<size_t>(tenant_sessions_[p->tenant_id]) + 1,
+                     options_.memory_bytes);
   a.rlimit_data = p->tenant.limits.worker_memory_bytes;
   a.rlimit_nofile = p->tenant.limits.worker_open_files;
   std::strncpy(a.tenant_name, p->tenant.name.c_str(), sizeof(a.tenant_name) - 1);
@@ -898,6 +907,7 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
     scheduler_->AddTenant(p->tenant_id, p->tenant.weight, p->tenant.name,
                           std::chrono::duration_cast<Duration>(std::chrono::duration<double>(
                               p->tenant.limits.command_time_limit_s)));
+    scheduler_->SetMemoryQuota(p->tenant_id, p->tenant.limits.memory_quota);
   }
   scheduler_->AddWorker(id, p->tenant_id, w.ctl, w.pid);
   ShareLimits(p->tenant_id, id);

@@ -396,6 +396,9 @@ Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Comm
     cl_.clGetDeviceInfo(d, CL_DEVICE_LOCAL_MEM_SIZE, sizeof(local), &local, nullptr);
     cl_.clGetDeviceInfo(d, CL_DEVICE_ADDRESS_BITS, sizeof(bits), &bits, nullptr);
     cl_.clGetDeviceInfo(d, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof(alloc), &alloc, nullptr);
+    cl_ulong global = 0;
+    cl_.clGetDeviceInfo(d, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(global), &global, nullptr);
+    l.global_mem_size = global;
     l.max_work_item_dims = dims;
     for (int i = 0; i < 3; ++i) l.max_work_item_sizes[i] = sizes[i];
     l.local_mem_size = local;
@@ -403,6 +406,50 @@ Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Comm
     l.max_mem_alloc_size = alloc;
     device_limits_.push_back(l);
   }
+}
+
+uint64_t Session::MemoryView(uint32_t device) const {
+  uint64_t v = device < device_limits_.size() ? device_limits_[device].global_mem_size : 0;
+  if (limits_.memory_capacity != 0) v = std::min(v, limits_.memory_capacity);
+  if (limits_.memory_quota != 0) v = std::min(v, limits_.memory_quota);
+  return v;
+}
+
+uint64_t Session::MaxAllocView(uint32_t device) const {
+  uint64_t v = device < device_limits_.size() ? device_limits_[device].max_mem_alloc_size : 0;
+  return std::min(v, MemoryView(device));
+}
+
+Session::Err Session::ChargeMemory(const std::vector<uint32_t>& devices, uint64_t bytes,
+                                   bool buffer, std::shared_ptr<MemCharge>& out) {
+  out = std::make_shared<MemCharge>();
+  out->sink = &sink_;
+  if (bytes == 0) return {};
+  for (uint32_t d : devices) {
+    if (buffer && bytes > MaxAllocView(d)) {
+      return {CL_INVALID_BUFFER_SIZE, "buffer of " + std::to_string(bytes) +
+                                          " bytes is larger than CL_DEVICE_MAX_MEM_ALLOC_SIZE (" +
+                                          std::to_string(MaxAllocView(d)) + ") of device " +
+                                          std::to_string(d)};
+    }
+  }
+  for (uint32_t d : devices) {
+    CommandSink::MemoryAnswer a = sink_.ReserveMemory(d, bytes);
+    if (!a.granted) {
+      // What was reserved on other devices goes back with `out`.
+      std::string why =
+          a.limit == 0 ? "no answer from gmuxd"
+          : a.over_quota
+              ? "the tenant's memory_quota on device " + std::to_string(d) + " (" +
+                    std::to_string(a.used) + " of " + std::to_string(a.limit) + " bytes in use)"
+              : "the memory gmuxd manages on device " + std::to_string(d) + " (memory_bytes, " +
+                    std::to_string(a.limit) + " bytes) is taken";
+      return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
+              std::to_string(bytes) + " more bytes exceed " + why};
+    }
+    out->held.emplace_back(d, bytes);
+  }
+  return {};
 }
 
 Session::Err Session::CheckObjects() const {
@@ -598,12 +645,21 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         if (!e.ok()) return e;
         flags |= CL_MEM_COPY_HOST_PTR;
       }
+      std::shared_ptr<MemCharge> charge;
+      if (Err e = ChargeMemory(ctx->devices, r.getSize(), true, charge); !e.ok()) {
+        if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
+        return e;
+      }
       cl_int err = CL_SUCCESS;
       cl_mem m = cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
                                     init ? init->bytes.data() : nullptr, &err);
       if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
       if (m == nullptr) return {err, "clCreateBuffer failed"};
-      mems_[r.getId()] = {Adopt(m), r.getSize()};
+      MemObj mo;
+      mo.mem = Adopt(m);
+      mo.size = r.getSize();
+      mo.charge = std::move(charge);
+      mems_[r.getId()] = std::move(mo);
       return {};
     }
 
@@ -1135,6 +1191,18 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
     case wire::ObjectKind::DEVICE: {
       auto d = DeviceFor(id);
       if (!d.ok()) return {CL_INVALID_DEVICE, d.status().message()};
+      if (p == CL_DEVICE_GLOBAL_MEM_SIZE || p == CL_DEVICE_MAX_MEM_ALLOC_SIZE) {
+        // The tenant's view: what it may allocate (its quota, the managed capacity).
+        const cl_ulong v = p == CL_DEVICE_GLOBAL_MEM_SIZE
+                               ? MemoryView(static_cast<uint32_t>(id))
+                               : MaxAllocView(static_cast<uint32_t>(id));
+        return query([&](size_t s, void* out, size_t* o) -> cl_int {
+          if (out != nullptr && s < sizeof(v)) return CL_INVALID_VALUE;
+          if (out != nullptr) std::memcpy(out, &v, sizeof(v));
+          if (o != nullptr) *o = sizeof(v);
+          return CL_SUCCESS;
+        });
+      }
       return query([&](size_t s, void* v, size_t* o) { return cl_.clGetDeviceInfo(*d, p, s, v, o); });
     }
     case wire::ObjectKind::CONTEXT: {
@@ -1759,11 +1827,28 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
       host = padded.data();
     }
   }
+  // An image's device memory: its elements, tightly packed (a 1D image buffer's are its
+  // buffer's, counted there).
+  uint64_t image_bytes = 0;
+  if (desc.buffer == nullptr) {
+    size_t full[3];
+    proto::ImageFullRegion(desc.image_type, desc.image_width, desc.image_height, desc.image_depth,
+                           desc.image_array_size, full);
+    if (!proto::ImageHostBytes(desc.image_type, full, element_bytes, 0, 0, image_bytes)) {
+      image_bytes = 0;  // the backend refuses it below
+    }
+  }
+  std::shared_ptr<MemCharge> charge;
+  if (Err e = ChargeMemory(ctx->devices, image_bytes, false, charge); !e.ok()) {
+    if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
+    return e;
+  }
   cl_int err = CL_SUCCESS;
   cl_mem m = cl_.clCreateImage(ctx->ctx->h, flags, &format, &desc, const_cast<uint8_t*>(host), &err);
   if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
   if (m == nullptr) return {err, "clCreateImage failed"};
   MemObj mo;
+  mo.charge = std::move(charge);
   mo.mem = Adopt(m);
   mo.image = true;
   mo.image_type = static_cast<uint32_t>(desc.image_type);

@@ -69,6 +69,8 @@ struct SessionLimits {
   uint64_t max_queued_commands = 0;       // commands submitted and not yet completed
   uint64_t max_events = 0;                // live event ids
   uint64_t max_objects = 0;               // live contexts, queues, buffers, programs, ...
+  uint64_t memory_quota = 0;     // device memory per device, the tenant's (0: none)
+  uint64_t memory_capacity = 0;  // device memory per device gmuxd manages (0: the backend's)
 };
 
 struct SessionCore {
@@ -151,12 +153,22 @@ class Session {
     std::shared_ptr<EventRecord> barrier;  // out-of-order: the latest barrier
     std::deque<std::shared_ptr<EventRecord>> outstanding;  // not known to be done
   };
+  // Device memory an object holds in the broker's books (CommandSink::ReserveMemory), given
+  // back when the application releases the object.
+  struct MemCharge {
+    CommandSink* sink = nullptr;
+    std::vector<std::pair<uint32_t, uint64_t>> held;  // device, bytes
+    ~MemCharge() {
+      for (const auto& [d, b] : held) sink->ReleaseMemory(d, b);
+    }
+  };
   struct MemObj {
     Ref<cl_mem> mem;
     uint64_t size = 0;       // buffers; 0 for images, so every buffer range check fails on them
     bool image = false;
     uint32_t image_type = 0;  // cl_mem_object_type of an image
     size_t element_bytes = 0;
+    std::shared_ptr<MemCharge> charge{};  // none for sub-buffers (their parent's counts)
   };
   struct ProgramObj {
     Ref<cl_program> program;
@@ -199,6 +211,14 @@ class Session {
   Err Finish(uint64_t seq, uint64_t queue, bool& replied);
   Err WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied);
   Err BeginBulk(proto::wire::BulkBegin::Reader r);
+  // The tenant's view of a device's memory: the backend's, bounded by the managed capacity and
+  // the tenant's quota; and the largest allocation within it.
+  uint64_t MemoryView(uint32_t device) const;
+  uint64_t MaxAllocView(uint32_t device) const;
+  // Reserves `bytes` on every device of the context for a new object (`buffer`: larger than
+  // the largest allocation is CL_INVALID_BUFFER_SIZE).
+  Err ChargeMemory(const std::vector<uint32_t>& devices, uint64_t bytes, bool buffer,
+                   std::shared_ptr<MemCharge>& out);
   Err RefuseBulk(uint64_t seq, uint64_t token, Err e);
   Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out);
   Err CreateImage(proto::wire::CreateImage::Reader r);

@@ -39,6 +39,7 @@ struct DeviceLimits {
   uint64_t local_mem_size = 0;                     // CL_DEVICE_LOCAL_MEM_SIZE, bytes
   uint32_t address_bits = 64;                      // CL_DEVICE_ADDRESS_BITS: 32 or 64
   uint64_t max_mem_alloc_size = 0;                 // CL_DEVICE_MAX_MEM_ALLOC_SIZE, bytes
+  uint64_t global_mem_size = 0;                    // CL_DEVICE_GLOBAL_MEM_SIZE, bytes
 };
 
 // What a kernel allows on one device (OpenCL 1.2 section 5.7.3, clGetKernelWorkGroupInfo).

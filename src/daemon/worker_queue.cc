@@ -119,6 +119,40 @@ std::string WorkerQueue::Status() {
   return out;
 }
 
+CommandSink::MemoryAnswer WorkerQueue::ReserveMemory(uint32_t device, uint64_t bytes) {
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    seq = next_mem_++;
+    mem_waiting_.insert(seq);
+  }
+  ctl::MemReserve r{seq, bytes, device, 0};
+  MemoryAnswer out;
+  out.granted = false;
+  std::unique_lock<std::mutex> lock(mem_mu_);
+  bool answered = false;
+  if (ctl::Send(ctl_fd_, ctl::Type::kMemReserve, &r, sizeof(r), 1).ok()) {
+    answered = mem_cv_.wait_for(lock, std::chrono::seconds(5),
+                                [&] { return mem_answers_.count(seq) != 0; });
+  }
+  mem_waiting_.erase(seq);
+  if (!answered) return out;  // no broker, or no answer in time: refused (a late grant is
+                              // given back by OnControl)
+  ctl::MemAnswer a = mem_answers_[seq];
+  mem_answers_.erase(seq);
+  out.granted = a.verdict == static_cast<uint32_t>(ctl::MemVerdict::kGranted);
+  out.over_quota = a.verdict == static_cast<uint32_t>(ctl::MemVerdict::kQuota);
+  out.used = a.used;
+  out.limit = a.limit;
+  return out;
+}
+
+void WorkerQueue::ReleaseMemory(uint32_t device, uint64_t bytes) {
+  if (bytes == 0) return;
+  ctl::MemFree f{bytes, device, 0};
+  ctl::Send(ctl_fd_, ctl::Type::kMemFree, &f, sizeof(f), 1).IgnoreError();
+}
+
 void WorkerQueue::Loop() {
   const int wake = mailbox_.EnableWakeFd();
   while (!stop_) {
@@ -196,6 +230,19 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
     case ctl::Type::kLimits: {
       auto l = m.As<ctl::Limits>();
       if (l.size() == 1 && on_limits_) on_limits_(l[0]);
+      break;
+    }
+    case ctl::Type::kMemAnswer: {
+      for (const ctl::MemAnswer& a : m.As<ctl::MemAnswer>()) {
+        std::lock_guard<std::mutex> lock(mem_mu_);
+        if (mem_waiting_.count(a.seq) != 0) {
+          mem_answers_[a.seq] = a;
+        } else if (a.verdict == static_cast<uint32_t>(ctl::MemVerdict::kGranted)) {
+          // Granted after its caller gave up: not ours to keep.
+          ReleaseMemory(a.device, a.bytes);
+        }
+      }
+      mem_cv_.notify_all();
       break;
     }
     case ctl::Type::kStatsReply: {

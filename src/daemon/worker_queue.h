@@ -57,6 +57,8 @@ class WorkerQueue : public CommandSink {
   uint64_t Outstanding() const override { return outstanding_.load(); }
   bool WaitForRoom(uint64_t limit) override;
   std::string Status() override;
+  MemoryAnswer ReserveMemory(uint32_t device, uint64_t bytes) override;
+  void ReleaseMemory(uint32_t device, uint64_t bytes) override;
 
  private:
   void Loop();
@@ -116,6 +118,14 @@ class WorkerQueue : public CommandSink {
   // Per device, under a grant: ready commands waiting for a running one to finish (in order).
   std::vector<std::deque<std::shared_ptr<Command>>> backlog_;
   bool broker_gone_ = false;
+
+  // Memory answers from the broker, by reservation sequence; the sequences still waited for
+  // (an answer for one nobody waits for any more is given back at once).
+  std::mutex mem_mu_;
+  std::condition_variable mem_cv_;
+  uint64_t next_mem_ = 1;
+  std::unordered_set<uint64_t> mem_waiting_;
+  std::unordered_map<uint64_t, ctl::MemAnswer> mem_answers_;
 
   // Stats answers from the broker, by query sequence.
   std::mutex stats_mu_;  // guards stats_

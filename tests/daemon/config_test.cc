@@ -67,6 +67,41 @@ worker_memory_bytes = 536870912
   EXPECT_NE(files.status().message().find("worker_open_files"), std::string::npos);
 }
 
+TEST(DaemonConfigTest, MemoryQuotasAndCapacityTakeSizesWithUnits) {
+  auto o = ParseDaemonConfig(R"([daemon]
+memory_bytes = "1GiB"
+
+[limits]
+memory_quota = "512 MiB"
+
+[[tenant]]
+name = "small"
+uids = [1000]
+memory_quota = 1048576
+
+[[tenant]]
+name = "decimal"
+uids = [1001]
+memory_quota = "1.5GB"
+)", "gmux.toml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->memory_bytes, 1ull << 30);
+  EXPECT_EQ(o->limits.memory_quota, 512ull << 20);
+  EXPECT_EQ(o->TenantForUid(1000)->limits.memory_quota, 1ull << 20);
+  EXPECT_EQ(o->TenantForUid(1001)->limits.memory_quota, 1500000000ull);
+  EXPECT_EQ(o->TenantForUid(4242)->limits.memory_quota, 512ull << 20);  // [limits] default
+  EXPECT_EQ(ParseDaemonConfig("", "g.toml")->limits.memory_quota, 0u);  // none unless set
+  EXPECT_EQ(ParseDaemonConfig("", "g.toml")->memory_bytes, 0u);         // the backend's
+  for (const char* bad : {"memory_quota = \"lots\"", "memory_quota = \"2 GiBs\"",
+                          "memory_quota = -1", "memory_quota = \"GiB\"", "memory_quota = true",
+                          "memory_quota = \"99999999TB\""}) {
+    auto r = ParseDaemonConfig(std::string("[limits]\n") + bad + "\n", "g.toml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("g.toml:2"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("memory_quota"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(DaemonConfigTest, ExpressDispatchIsOnUnlessTurnedOff) {
   auto none = ParseDaemonConfig("", "g.toml");
   ASSERT_TRUE(none.ok());

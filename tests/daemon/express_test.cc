@@ -269,5 +269,95 @@ TEST_F(ExpressTest, TenantsThatTakeTurnsAreNotGranted) {
   EXPECT_FALSE(Gone(2, 0).has_value());
 }
 
+// ---- Device memory books (control.h, kMemReserve / kMemFree) ----
+
+std::optional<ctl::MemAnswer> Reserve(FakeWorker& w, uint64_t seq, uint64_t bytes,
+                                      uint32_t device = 0) {
+  ctl::MemReserve r{seq, bytes, device, 0};
+  if (!ctl::Send(w.fd, ctl::Type::kMemReserve, &r, sizeof(r), 1).ok()) return std::nullopt;
+  auto m = w.Expect(ctl::Type::kMemAnswer);
+  if (!m) return std::nullopt;
+  auto a = m->As<ctl::MemAnswer>();
+  if (a.size() != 1) return std::nullopt;
+  return a[0];
+}
+
+void Free(FakeWorker& w, uint64_t bytes, uint32_t device = 0) {
+  ctl::MemFree f{bytes, device, 0};
+  ASSERT_TRUE(ctl::Send(w.fd, ctl::Type::kMemFree, &f, sizeof(f), 1).ok());
+}
+
+nlohmann::json MemoryRow(const nlohmann::json& st, const std::string& tenant) {
+  for (const auto& t : st["tenants"]) {
+    if (t["name"] == tenant) return t["memory"][0];
+  }
+  return {};
+}
+
+TEST_F(ExpressTest, TheBrokersMemoryBooksHoldQuotasAcrossWorkersAndCapacityAcrossTenants) {
+  SetUpScheduler();
+  sched_->SetMemoryCapacity(0, 1000);
+  auto a1 = AddWorker(1, 1);
+  auto a2 = AddWorker(2, 1);
+  auto b = AddWorker(3, 2);
+  sched_->SetMemoryQuota(1, 600);
+  auto r = Reserve(*a1, 1, 400);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->verdict, static_cast<uint32_t>(ctl::MemVerdict::kGranted));
+  EXPECT_EQ(r->used, 400u);
+  EXPECT_EQ(r->seq, 1u);
+  // The same tenant's other worker: 400 + 300 > 600.
+  r = Reserve(*a2, 2, 300);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->verdict, static_cast<uint32_t>(ctl::MemVerdict::kQuota));
+  EXPECT_EQ(r->limit, 600u);
+  r = Reserve(*a2, 3, 200);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->verdict, static_cast<uint32_t>(ctl::MemVerdict::kGranted));
+  // Another tenant (no quota) meets the device's capacity: 600 held, 500 more is too much.
+  r = Reserve(*b, 4, 500);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->verdict, static_cast<uint32_t>(ctl::MemVerdict::kCapacity));
+  EXPECT_EQ(r->limit, 1000u);
+  // Huge sizes cannot wrap the sums.
+  r = Reserve(*b, 5, UINT64_MAX);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_NE(r->verdict, static_cast<uint32_t>(ctl::MemVerdict::kGranted));
+  auto st = Status();
+  EXPECT_EQ(MemoryRow(st, "t1")["used"], 600);
+  EXPECT_EQ(MemoryRow(st, "t1")["peak"], 600);
+  EXPECT_EQ(MemoryRow(st, "t1")["quota"], 600);
+  EXPECT_EQ(st["devices"][0]["memory_used"], 600);
+  // A worker gives back what it holds; what a dropped worker held goes back with it.
+  Free(*a1, 100);
+  r = Reserve(*b, 6, 500);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->verdict, static_cast<uint32_t>(ctl::MemVerdict::kGranted));
+  a1.reset();  // its channel closes: 300 back
+  ASSERT_TRUE(Gone(1).has_value());
+  st = Status();
+  EXPECT_EQ(MemoryRow(st, "t1")["used"], 200);
+  EXPECT_EQ(MemoryRow(st, "t1")["peak"], 600);
+  EXPECT_EQ(st["devices"][0]["memory_used"], 700);
+}
+
+TEST_F(ExpressTest, AWorkerGivingBackMoreThanItHoldsOrAskingForNothingIsDropped) {
+  SetUpScheduler();
+  auto w = AddWorker(1, 1);
+  ASSERT_TRUE(Reserve(*w, 1, 100).has_value());
+  Free(*w, 101);
+  EXPECT_EQ(Gone(1), Scheduler::GoneReason::kMalformed);
+  auto v = AddWorker(2, 1);
+  ctl::MemReserve zero{1, 0, 0, 0};
+  ASSERT_TRUE(ctl::Send(v->fd, ctl::Type::kMemReserve, &zero, sizeof(zero), 1).ok());
+  EXPECT_EQ(Gone(2), Scheduler::GoneReason::kMalformed);
+  auto x = AddWorker(3, 1);
+  ctl::MemReserve bad_device{1, 10, 7, 0};
+  ASSERT_TRUE(ctl::Send(x->fd, ctl::Type::kMemReserve, &bad_device, sizeof(bad_device), 1).ok());
+  EXPECT_EQ(Gone(3), Scheduler::GoneReason::kMalformed);
+  // Nothing of theirs stays on the books.
+  EXPECT_EQ(Status()["devices"][0]["memory_used"], 0);
+}
+
 }  // namespace
 }  // namespace gmux::daemon

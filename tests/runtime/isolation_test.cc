@@ -1503,5 +1503,159 @@ TEST_F(IsolationTest, SharedMemoryTransfersAreNotBoundByTheStagingLimit) {
   ExpectAlive("after transfers over the staging limit");
 }
 
+// ---- Device memory quotas ----
+
+// The tenant `name`'s memory entry for device 0 in a `gmux status --json` document.
+json MemoryOf(const json& j, const std::string& name) {
+  if (!j.contains("tenants")) return json();
+  for (const auto& t : j["tenants"]) {
+    if (t.value("name", "") == name && t.contains("memory") && !t["memory"].empty()) {
+      return t["memory"][0];
+    }
+  }
+  return json();
+}
+
+constexpr uint64_t kMiB = 1u << 20;
+
+// A tenant with a memory quota sees it as the device's memory, and allocations beyond it fail
+// at the call that allocates, with OpenCL's codes: above the largest allocation
+// CL_INVALID_BUFFER_SIZE, beyond what is left CL_MEM_OBJECT_ALLOCATION_FAILURE. Images count;
+// sub-buffers count against their parent; what is released can be allocated again.
+TEST_F(IsolationTest, AMemoryQuotaIsTheDeviceATenantSees) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(TenantTable("quota", 180, "memory_quota = \"64MiB\"")));
+  Child c = Spawn(180, 60, [](Channel& ch) -> int {
+    GmuxDevice d;
+    if (!OpenGmux(d)) return 50;
+    cl_ulong global = 0, max_alloc = 0;
+    clGetDeviceInfo(d.device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(global), &global, nullptr);
+    clGetDeviceInfo(d.device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof(max_alloc), &max_alloc, nullptr);
+    if (global != 64 * kMiB) return 60;
+    if (max_alloc == 0 || max_alloc > 64 * kMiB) return 61;
+    cl_int err = CL_SUCCESS;
+    // Over the largest allocation: refused at the call.
+    cl_mem huge = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 64 * kMiB + 1, nullptr, &err);
+    if (huge != nullptr || err != CL_INVALID_BUFFER_SIZE) return 62;
+    cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 40 * kMiB, nullptr, &err);
+    if (a == nullptr) return 63;
+    // A sub-buffer costs nothing more.
+    cl_buffer_region region{0, 8 * kMiB};
+    cl_mem sub = clCreateSubBuffer(a, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+    if (sub == nullptr) return 64;
+    // An image of 16 MiB fits (56 of 64); another 16 MiB buffer does not.
+    cl_image_format fmt{CL_RGBA, CL_UNSIGNED_INT8};
+    cl_image_desc desc{};
+    desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+    desc.image_width = 2048;
+    desc.image_height = 2048;
+    cl_mem img = clCreateImage(d.context, CL_MEM_READ_WRITE, &fmt, &desc, nullptr, &err);
+    if (img == nullptr) return 65;
+    cl_mem b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 16 * kMiB, nullptr, &err);
+    if (b != nullptr || err != CL_MEM_OBJECT_ALLOCATION_FAILURE) return 66;
+    ch.Send(56);  // the test reads gmux status now
+    if (!ch.WaitGo()) return 67;
+    // Given back on release: the image's 16 MiB.
+    clReleaseMemObject(img);
+    b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 16 * kMiB, nullptr, &err);
+    if (b == nullptr) return 68;
+    // The quota does not stop the buffers from working.
+    std::vector<cl_uint> data(4 * kMiB / 4, 7u), back(data.size());
+    if (clEnqueueWriteBuffer(d.queue, b, CL_TRUE, 0, 4 * kMiB, data.data(), 0, nullptr, nullptr) !=
+            CL_SUCCESS ||
+        clEnqueueReadBuffer(d.queue, b, CL_TRUE, 0, 4 * kMiB, back.data(), 0, nullptr, nullptr) !=
+            CL_SUCCESS ||
+        back != data) {
+      return 69;
+    }
+    clReleaseMemObject(sub);
+    clReleaseMemObject(a);
+    clReleaseMemObject(b);
+    return 0;
+  });
+  ASSERT_EQ(c.Receive(60s).value_or(-1), 56) << c.Wait(1s).Describe();
+  json st = json::parse(StatusJson(daemon_, -1), nullptr, false);
+  json mem = MemoryOf(st, "quota");
+  if (!RunningAsRoot()) mem = MemoryOf(st, UidTenantName(180));
+  ASSERT_TRUE(mem.is_object()) << st.dump(1);
+  EXPECT_EQ(mem.value("used", uint64_t{0}), 56 * kMiB) << mem.dump();
+  EXPECT_EQ(mem.value("peak", uint64_t{0}), 56 * kMiB) << mem.dump();
+  EXPECT_EQ(mem.value("quota", uint64_t{0}), 64 * kMiB) << mem.dump();
+  c.Go();
+  Outcome o = c.Wait(55s);
+  EXPECT_TRUE(o.ok()) << o.Describe();
+  ExpectAlive("after quota refusals");
+}
+
+// The quota holds across all of a tenant's sessions (separate worker processes), and what a
+// killed session held is given back.
+TEST_F(IsolationTest, AMemoryQuotaIsSharedByATenantsSessionsAndFreedWhenOneIsKilled) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(TenantTable("quota", 182, "memory_quota = 67108864")));
+  auto holder = [](Channel& ch) -> int {
+    GmuxDevice d;
+    if (!OpenGmux(d)) return 50;
+    cl_int err = CL_SUCCESS;
+    cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 48 * kMiB, nullptr, &err);
+    if (a == nullptr) return 60;
+    ch.Send(48);
+    LingerUntilKilled();
+  };
+  auto asker = [](Channel& ch) -> int {
+    GmuxDevice d;
+    if (!OpenGmux(d)) return 50;
+    cl_int err = CL_SUCCESS;
+    cl_mem b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 32 * kMiB, nullptr, &err);
+    ch.Send(b == nullptr ? err : 0);
+    if (b != nullptr) clReleaseMemObject(b);
+    return 0;
+  };
+  Child h = Spawn(182, 60, holder);
+  ASSERT_EQ(h.Receive(60s).value_or(-1), 48) << h.Wait(1s).Describe();
+  Child a = Spawn(182, 60, asker);
+  EXPECT_EQ(a.Receive(60s).value_or(1), CL_MEM_OBJECT_ALLOCATION_FAILURE)
+      << "a second session of the tenant got past the quota its first one holds";
+  EXPECT_TRUE(a.Wait(30s).ok());
+  h.Kill();
+  // The killed session's 48 MiB come back once gmuxd has seen its worker go.
+  int64_t got = 1;
+  for (int i = 0; i < 50 && got != 0; ++i) {
+    Child again = Spawn(182, 60, asker);
+    got = again.Receive(60s).value_or(1);
+    EXPECT_TRUE(again.Wait(30s).ok());
+    if (got != 0) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(got, 0) << "the killed session's memory was not given back";
+  ExpectAlive("after a quota holder was killed");
+}
+
+// One tenant at its quota does not limit another (separate uids: as root only).
+TEST_F(IsolationTest, OneTenantsQuotaDoesNotLimitAnother) {
+  if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(TenantTable("small", 184, "memory_quota = \"16MiB\"")));
+  Child small = Spawn(184, 60, [](Channel& ch) -> int {
+    GmuxDevice d;
+    if (!OpenGmux(d)) return 50;
+    cl_int err = CL_SUCCESS;
+    cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 16 * kMiB, nullptr, &err);
+    cl_mem b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 1 * kMiB, nullptr, &err);
+    ch.Send(a != nullptr && b == nullptr && err == CL_MEM_OBJECT_ALLOCATION_FAILURE ? 1 : 0);
+    LingerUntilKilled();
+  });
+  EXPECT_EQ(small.Receive(60s).value_or(-1), 1);
+  Child other = Spawn(185, 60, [](Channel& ch) -> int {
+    GmuxDevice d;
+    if (!OpenGmux(d)) return 50;
+    cl_ulong global = 0;
+    clGetDeviceInfo(d.device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(global), &global, nullptr);
+    cl_int err = CL_SUCCESS;
+    cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 256 * kMiB, nullptr, &err);
+    ch.Send(global > 16 * kMiB && a != nullptr ? 1 : 0);
+    return 0;
+  });
+  EXPECT_EQ(other.Receive(60s).value_or(-1), 1) << "a tenant without a quota was limited";
+  EXPECT_TRUE(other.Wait(30s).ok());
+  small.Kill();
+  ExpectAlive("after one tenant hit its quota");
+}
+
 }  // namespace
 }  // namespace gmux::testing::iso

@@ -109,6 +109,8 @@ int main(int argc, char** argv) {
     s.max_queued_commands = l.max_queued_commands;
     s.max_events = l.max_events;
     s.max_objects = l.max_objects;
+    s.memory_quota = l.memory_quota;
+    s.memory_capacity = l.memory_capacity;
     return s;
   };
   const SessionLimits limits = to_session(a.limits);
