@@ -1,10 +1,24 @@
 #include "daemon/restore.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "daemon/kernel_scan.h"
 
 namespace gmux::daemon {
+
+namespace {
+// Builder threads running in this process.
+std::atomic<int> g_builders{0};
+
+bool TakeBuilderSlot() {
+  int n = g_builders.load();
+  while (n < RestoredVariants::kMaxBuilders) {
+    if (g_builders.compare_exchange_weak(n, n + 1)) return true;
+  }
+  return false;
+}
+}  // namespace
 
 RestoredVariants::RestoredVariants(const cl_icd_dispatch& cl, Ref<cl_program> program,
                                    std::string source, std::string options)
@@ -17,7 +31,6 @@ RestoredVariants::~RestoredVariants() {
     stop_ = true;
     to_build_.clear();
   }
-  cv_.notify_all();
   if (builder_.joinable()) builder_.join();
 }
 
@@ -50,11 +63,16 @@ std::optional<RestoredVariants::Kernel> RestoredVariants::Find(const std::string
       }
       if (variants_.size() >= kMaxVariants) return std::nullopt;
     }
+    if (!building_) {
+      // A builder that ended is joined (it no longer needs mu_); a new one needs a free slot.
+      if (!TakeBuilderSlot()) return std::nullopt;
+      if (builder_.joinable()) builder_.join();
+      building_ = true;
+      builder_ = std::thread([this] { BuildLoop(); });
+    }
     variants_.emplace(shape, Variant{});
     lru_.push_front(shape);
     to_build_.push_back(shape);
-    if (!builder_.joinable()) builder_ = std::thread([this] { BuildLoop(); });
-    cv_.notify_one();
     return std::nullopt;
   }
   lru_.remove(shape);
@@ -88,8 +106,11 @@ void RestoredVariants::BuildLoop() {
     LaunchShape shape;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !to_build_.empty(); });
-      if (stop_) return;
+      if (stop_ || to_build_.empty()) {
+        building_ = false;
+        g_builders.fetch_sub(1);
+        return;
+      }
       shape = to_build_.front();
       to_build_.pop_front();
     }

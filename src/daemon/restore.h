@@ -7,13 +7,15 @@
 // build may split, each chunk running the variant's kernel of the same name with the same
 // arguments. A failed build marks the shape whole for good. At most kMaxVariants shapes per
 // program are kept (the least recently used goes; chunks already enqueued hold their kernel).
-// Thread-safe; the destructor waits for a build in progress.
+// A program's builder thread runs only while it has shapes to build, and at most
+// kMaxBuilders of them run in a process at once (a shape asked for while that many build is
+// asked for again at its next launch), so a tenant with many programs cannot make its worker
+// start a thread per program. Thread-safe; the destructor waits for a build in progress.
 #pragma once
 
 #include <CL/cl_icd.h>
 
 #include <array>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -39,6 +41,7 @@ struct LaunchShape {
 class RestoredVariants {
  public:
   static constexpr size_t kMaxVariants = 8;
+  static constexpr int kMaxBuilders = 2;
 
   // `program` is the app's built program (its context and devices are the variants'); `source`
   // and `options` are what it was built from.
@@ -76,13 +79,13 @@ class RestoredVariants {
   const std::string options_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::map<LaunchShape, Variant> variants_;
   std::list<LaunchShape> lru_;        // most recently used first
   std::deque<LaunchShape> to_build_;  // queued shapes, oldest first
   uint64_t built_ = 0, failed_ = 0;
   bool stop_ = false;
-  std::thread builder_;  // started with the first build
+  bool building_ = false;  // builder_ runs (it clears this, under mu_, as it ends)
+  std::thread builder_;
 };
 
 }  // namespace gmux::daemon

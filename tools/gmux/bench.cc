@@ -123,6 +123,23 @@ std::vector<double> LaunchLatencies(Dev& d, int n) {
   return us;
 }
 
+// clCreateBuffer and clReleaseMemObject of a 1 MiB buffer, `n` times, as a program that
+// allocates per step does: microseconds per pair. Through gmux each create is also reserved
+// against the tenant's device memory in gmuxd's books (docs/operations.md, "Device memory").
+std::vector<double> CreateReleaseUs(Dev& d, int n) {
+  std::vector<double> us;
+  us.reserve(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    auto s = Clock::now();
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, 1u << 20, nullptr, &err);
+    Check(m != nullptr && err == CL_SUCCESS, d.label + ": clCreateBuffer");
+    Check(clReleaseMemObject(m) == CL_SUCCESS, d.label + ": clReleaseMemObject");
+    us.push_back(Seconds(Clock::now() - s) * 1e6);
+  }
+  return us;
+}
+
 // `n` launches enqueued back to back, then one clFinish: launches per second.
 double PipelinedRate(Dev& d, int n) {
   cl_int err = CL_SUCCESS;
@@ -414,7 +431,7 @@ int RunBench(const BenchOptions& o) {
   out["socket_round_trip_us"] = rtt;
   try {
     // Each workload alternates the platforms `repeat` times; the median run is reported.
-    std::vector<double> p50[2], p99[2], rate[2], mms[2];
+    std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2];
     Dev* devs[2] = {&nat, &gm};
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) {
@@ -429,12 +446,18 @@ int RunBench(const BenchOptions& o) {
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) mms[i].push_back(MatmulMs(*devs[i], mm));
     }
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        allocs[i].push_back(Percentile(CreateReleaseUs(*devs[i], o.quick ? 100 : 1000), 0.5));
+      }
+    }
     const char* names[2] = {"native", "gmux"};
     for (int i = 0; i < 2; ++i) {
       out["launch_us"][names[i]] = {{"p50", Median(p50[i])}, {"p99", Median(p99[i])}};
       out["pipelined_per_s"][names[i]] = Median(rate[i]);
       out["matmul_ms"][names[i]] = Median(mms[i]);
       out["matmul_n"] = mm;
+      out["create_release_us"][names[i]] = Median(allocs[i]);
     }
     out["transfers"] = json::array();
     for (size_t b : sizes) {
@@ -483,6 +506,8 @@ int RunBench(const BenchOptions& o) {
   }
   const double mn = out["matmul_ms"]["native"], mg = out["matmul_ms"]["gmux"];
   row(std::to_string(mm) + "^2 matmul end to end (ms)", mn, mg, mg / mn, "<= 1.02");
+  const double an = out["create_release_us"]["native"], ag = out["create_release_us"]["gmux"];
+  row("1 MiB create + release p50 (us)", an, ag, ag / an, "");
   std::printf("%-36s %12.1f\n", "Unix socket round trip p50 (us)", rtt);
   return 0;
 }
