@@ -66,6 +66,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -340,6 +341,24 @@ class Broker {
           ctl::Send(fd_, ctl::Type::kStatsReply, body.data(), 1, body.size()).IgnoreError();
           break;
         }
+        case ctl::Type::kMemReserve:
+          // Everything is granted; the worker must ask for something, on a device it has.
+          for (const ctl::MemReserve& r : m->As<ctl::MemReserve>()) {
+            if (r.device >= devices_ || r.bytes == 0) Fail("a memory reservation gmuxd would drop");
+            mem_held_[r.device] += r.bytes;
+            ctl::MemAnswer a{r.seq, r.bytes, static_cast<uint32_t>(ctl::MemVerdict::kGranted),
+                             r.device, mem_held_[r.device], 0};
+            ctl::Send(fd_, ctl::Type::kMemAnswer, &a, sizeof(a), 1).IgnoreError();
+          }
+          break;
+        case ctl::Type::kMemFree:
+          for (const ctl::MemFree& f : m->As<ctl::MemFree>()) {
+            if (f.device >= devices_ || f.bytes > mem_held_[f.device]) {
+              Fail("the worker gave back device memory it does not hold");
+            }
+            mem_held_[f.device] -= f.bytes;
+          }
+          break;
         default:
           Fail("unexpected control message type from the worker");
       }
@@ -396,6 +415,7 @@ class Broker {
   const size_t devices_;
   std::thread thread_;
   std::set<uint64_t> seen_;
+  std::map<uint32_t, uint64_t> mem_held_;  // device memory granted, by device
   std::unordered_map<uint64_t, int> released_;  // dispatches not yet done, by command
   std::atomic<uint64_t> inflight_{0};
   int launches_ = 0;
