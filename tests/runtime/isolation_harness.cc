@@ -662,6 +662,10 @@ std::vector<pid_t> DescendantsOwnedBy(pid_t root, const std::set<uid_t>& uids) {
 }
 
 std::string StatusJson(const PrivateDaemon& daemon, int tenant) {
+  return StatusOutput(daemon, tenant, true);
+}
+
+std::string StatusOutput(const PrivateDaemon& daemon, int tenant, bool json) {
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return "";
   std::fflush(nullptr);
@@ -671,8 +675,13 @@ std::string StatusJson(const PrivateDaemon& daemon, int tenant) {
     ::dup2(out[1], 1);
     if (tenant >= 0 && !BecomeUid(TenantUid(tenant))) ::_exit(120);
     ::alarm(20);
-    ::execl(GMUX_CLI_PATH, GMUX_CLI_PATH, "status", "--json", "--socket",
-            daemon.socket().c_str(), static_cast<char*>(nullptr));
+    if (json) {
+      ::execl(GMUX_CLI_PATH, GMUX_CLI_PATH, "status", "--json", "--socket",
+              daemon.socket().c_str(), static_cast<char*>(nullptr));
+    } else {
+      ::execl(GMUX_CLI_PATH, GMUX_CLI_PATH, "status", "--socket", daemon.socket().c_str(),
+              static_cast<char*>(nullptr));
+    }
     ::_exit(127);
   }
   ::close(out[1]);

@@ -207,5 +207,7 @@ std::vector<pid_t> DescendantsOwnedBy(pid_t root, const std::set<uid_t>& uids);
 // `gmux status --json --socket S` run as TenantUid(tenant) (as the test's own uid when
 // tenant < 0); stdout, empty on failure. Bounded to 20 s.
 std::string StatusJson(const PrivateDaemon& daemon, int tenant);
+// `gmux status` as `tenant` (-1: as this process), as JSON or as its table.
+std::string StatusOutput(const PrivateDaemon& daemon, int tenant, bool json);
 
 }  // namespace gmux::testing::iso

@@ -1580,6 +1580,10 @@ TEST_F(IsolationTest, AMemoryQuotaIsTheDeviceATenantSees) {
   EXPECT_EQ(mem.value("used", uint64_t{0}), 56 * kMiB) << mem.dump();
   EXPECT_EQ(mem.value("peak", uint64_t{0}), 56 * kMiB) << mem.dump();
   EXPECT_EQ(mem.value("quota", uint64_t{0}), 64 * kMiB) << mem.dump();
+  // The table shows it too: used, peak and quota in MiB, and the one refusal.
+  const std::string table = StatusOutput(daemon_, -1, false);
+  EXPECT_NE(table.find("memory (MiB)"), std::string::npos) << table;
+  EXPECT_NE(table.find("56.0         56.0         64.0        1"), std::string::npos) << table;
   c.Go();
   Outcome o = c.Wait(55s);
   EXPECT_TRUE(o.ok()) << o.Describe();

@@ -135,6 +135,26 @@ int RunStatus(const std::string& socket, bool json) {
                 t.value("device_time_s", 0.0), t.value("unsplit_kernel_s", 0.0),
                 t.value("usage_s", 0.0));
   }
+  // Device memory (docs/operations.md, "Device memory"): tenants that hold, held or may hold.
+  auto mib = [](uint64_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
+  bool header = false;
+  for (const auto& t : j.value("tenants", nlohmann::json::array())) {
+    for (const auto& m : t.value("memory", nlohmann::json::array())) {
+      const uint64_t used = m.value("used", uint64_t{0}), peak = m.value("peak", uint64_t{0});
+      const uint64_t quota = m.value("quota", uint64_t{0});
+      if (used == 0 && peak == 0 && quota == 0) continue;
+      if (!header) {
+        std::printf("%-16s %6s %12s %12s %12s %8s\n", "memory (MiB)", "device", "used", "peak",
+                    "quota", "refused");
+        header = true;
+      }
+      char q[32] = "none";
+      if (quota != 0) std::snprintf(q, sizeof(q), "%.1f", mib(quota));
+      std::printf("%-16s %6d %12.1f %12.1f %12s %8llu\n", t.value("name", std::string("?")).c_str(),
+                  m.value("device", 0), mib(used), mib(peak), q,
+                  static_cast<unsigned long long>(t.value("memory_refused", uint64_t{0})));
+    }
+  }
   const auto sch = j.value("scheduler", nlohmann::json::object());
   std::printf("scheduler thread: %.0f ns per dispatch over %llu dispatches\n",
               sch.value("ns_per_dispatch", 0.0),
