@@ -1809,20 +1809,36 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   std::vector<uint8_t> padded;
   const uint8_t* host = init ? init->bytes.data() : nullptr;
   if (init) {
-    const uint64_t rp = desc.image_row_pitch != 0 ? desc.image_row_pitch
-                                                  : uint64_t{desc.image_width} * element_bytes;
     const bool one_row = desc.image_type == CL_MEM_OBJECT_IMAGE1D ||
                          desc.image_type == CL_MEM_OBJECT_IMAGE1D_BUFFER;
-    const uint64_t rows = desc.image_type == CL_MEM_OBJECT_IMAGE1D_ARRAY ? 1 : desc.image_height;
-    const uint64_t sp = desc.image_slice_pitch != 0 ? desc.image_slice_pitch : rp * rows;
+    const uint64_t rows =
+        one_row || desc.image_type == CL_MEM_OBJECT_IMAGE1D_ARRAY ? 1 : desc.image_height;
     const uint64_t slices = desc.image_type == CL_MEM_OBJECT_IMAGE3D ? desc.image_depth
                             : (desc.image_type == CL_MEM_OBJECT_IMAGE1D_ARRAY ||
                                desc.image_type == CL_MEM_OBJECT_IMAGE2D_ARRAY)
                                 ? desc.image_array_size
                                 : 1;
-    const uint64_t full = one_row ? rp : sp * slices;
+    // A pitch that says nothing about the layout (the slice pitch of one slice, the row pitch of
+    // one row) is dropped, so that a pitch far beyond the image cannot ask for padding of bytes
+    // that were never sent. A dropped row pitch that was the default slice pitch is kept as one.
+    if (slices <= 1) desc.image_slice_pitch = 0;
+    if (rows <= 1) {
+      if (slices > 1 && desc.image_slice_pitch == 0) desc.image_slice_pitch = desc.image_row_pitch;
+      desc.image_row_pitch = 0;
+    }
+    const uint64_t rp = desc.image_row_pitch != 0 ? desc.image_row_pitch
+                                                  : uint64_t{desc.image_width} * element_bytes;
+    const uint64_t sp = desc.image_slice_pitch != 0 ? desc.image_slice_pitch : rp * rows;
+    // ImageHostBytes bounded sp * (slices - 1) and rp * (rows - 1) by the bytes sent, so the
+    // padded size is at most about twice those.
+    const uint64_t full = sp * slices;
     if (full > init->bytes.size()) {
-      padded.assign(full, 0);
+      try {
+        padded.assign(full, 0);
+      } catch (const std::bad_alloc&) {
+        core_->bulk_bytes.fetch_sub(init->bytes.staged());
+        return {CL_OUT_OF_HOST_MEMORY, "no host memory to pad the image's last row and slice"};
+      }
       std::memcpy(padded.data(), init->bytes.data(), init->bytes.size());
       host = padded.data();
     }

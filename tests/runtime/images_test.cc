@@ -6,6 +6,7 @@
 #define CL_USE_DEPRECATED_OPENCL_1_1_APIS
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -204,6 +205,56 @@ TEST(ImagesTest, ImageOperationsMatchNative) {
   EXPECT_EQ(n.filled[0], 1);
   EXPECT_EQ(n.filled[3], 4);
   EXPECT_NE(n.sampled, n.mapped);
+}
+
+// A pitch that says nothing about the layout (the slice pitch of a 2D image, the row pitch of a
+// 1D one) may be anything; it must not make gmux pad the image to that size, nor read past what
+// the program gave. The image holds exactly the program's pixels.
+TEST(ImagesTest, PitchesBeyondOneRowOrSliceAreNotPadded) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  if (!ImageSupport(d)) GTEST_SKIP() << "backend without images";
+  cl_image_format fmt{CL_RGBA, CL_UNSIGNED_INT8};
+  const size_t w = 5, h = 3;
+  auto host = Pixels(w * h * 4, 21);
+  cl_image_desc desc{};
+  desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+  desc.image_width = w;
+  desc.image_height = h;
+  desc.image_slice_pitch = size_t{1} << 39;
+  cl_int err = CL_SUCCESS;
+  cl_mem img = clCreateImage(d.context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, &fmt, &desc,
+                             host.data(), &err);
+  if (err == CL_SUCCESS) {
+    std::vector<uint8_t> back(host.size());
+    size_t o[3] = {0, 0, 0}, r[3] = {w, h, 1};
+    ASSERT_EQ(clEnqueueReadImage(d.queue, img, CL_TRUE, o, r, 0, 0, back.data(), 0, nullptr,
+                                 nullptr),
+              CL_SUCCESS);
+    EXPECT_EQ(back, host);
+    clReleaseMemObject(img);
+  } else {
+    EXPECT_EQ(img, nullptr);
+  }
+  cl_image_desc one{};
+  one.image_type = CL_MEM_OBJECT_IMAGE1D;
+  one.image_width = w;
+  one.image_row_pitch = size_t{1} << 39;
+  img = clCreateImage(d.context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, &fmt, &one, host.data(),
+                      &err);
+  if (err == CL_SUCCESS) {
+    std::vector<uint8_t> back(w * 4);
+    size_t o[3] = {0, 0, 0}, r[3] = {w, 1, 1};
+    ASSERT_EQ(clEnqueueReadImage(d.queue, img, CL_TRUE, o, r, 0, 0, back.data(), 0, nullptr,
+                                 nullptr),
+              CL_SUCCESS);
+    EXPECT_TRUE(std::equal(back.begin(), back.end(), host.begin()));
+    clReleaseMemObject(img);
+  }
+  // The session still serves.
+  cl_mem buf = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 64, nullptr, &err);
+  EXPECT_EQ(err, CL_SUCCESS);
+  if (buf != nullptr) clReleaseMemObject(buf);
 }
 
 TEST(ImagesTest, BufferCallsRefuseImagesAndImageCallsRefuseBuffers) {
