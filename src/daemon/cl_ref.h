@@ -35,7 +35,7 @@ template <typename T>
 struct Held {
   explicit Held(T handle) : h(handle) { LiveBackendCounter().fetch_add(1); }
   ~Held() {
-    ReleaseBackend(h);
+    if (h != nullptr) ReleaseBackend(h);  // null: moved out of the device (residency.h)
     LiveBackendCounter().fetch_sub(1);
   }
   Held(const Held&) = delete;

@@ -93,6 +93,7 @@ class EventRecord {
 };
 
 struct SessionCore;  // session.h
+class Residency;     // residency.h
 
 struct Command {
   std::shared_ptr<SessionCore> session;  // closed sessions' commands are skipped, not run
@@ -153,6 +154,9 @@ class CommandSink {
     (void)device;
     (void)bytes;
   }
+  // The session's allocations, for the worker to move off a device when the broker says so
+  // (residency.h). The default (in-process tests) never moves them.
+  virtual void AttachResidency(std::shared_ptr<Residency> residency) { (void)residency; }
 };
 
 }  // namespace gmux::daemon

@@ -95,6 +95,12 @@ struct DaemonOptions {
   // Device memory gmuxd manages per device: every tenant's buffers and images together (0: the
   // backend's CL_DEVICE_GLOBAL_MEM_SIZE).
   uint64_t memory_bytes = 0;
+  // Oversubscription (DymGPU): "off" (tenants together fit memory_bytes), or the slot placement
+  // policy "baseline", "size" or "utilization"; slots of slot_bytes; a tenant that used no
+  // device for memory_idle_s is idle (its data leaves the device).
+  std::string memory_slots = "off";
+  uint64_t slot_bytes = 64ull << 20;
+  double memory_idle_s = 20;
   // A tenant alone on a device starts its commands without the scheduler's round trip
   // (docs/policies.md, "Express dispatch"); only for policies that would not hold it back.
   bool express_dispatch = true;

@@ -21,6 +21,9 @@
 //                                   and the device's managed capacity (answered by kMemAnswer)
 //   broker -> worker   kMemAnswer   granted or why not
 //   worker -> broker   kMemFree     memory of a released object given back
+//   broker -> worker   kEvict       move the session's allocations on a device out of it
+//   worker -> broker   kSwapped     allocations moved out (the answer to kEvict) or back in
+//                                   (before the worker's next command there ran)
 //
 // Device memory (docs/operations.md, "Device memory"): the broker keeps the books, per tenant
 // and device and per worker, so a quota holds across all of a tenant's sessions; a worker's
@@ -56,7 +59,9 @@ enum class Type : uint32_t {
   kMemReserve = 11,
   kMemAnswer = 12,
   kMemFree = 13,
-  kLast = kMemFree,  // the highest type (Receive rejects anything above)
+  kEvict = 14,
+  kSwapped = 15,
+  kLast = kSwapped,  // the highest type (Receive rejects anything above)
 };
 
 struct Header {
@@ -161,6 +166,23 @@ struct MemFree {
   uint64_t bytes = 0;
   uint32_t device = 0;
   uint32_t reserved = 0;
+};
+
+struct Evict {
+  uint32_t device = 0;
+  uint32_t reserved = 0;
+  uint64_t epoch = 0;  // increasing per worker; the answer names it
+};
+
+struct Swapped {
+  uint64_t epoch = 0;    // the kEvict answered (out); 0 for a restore (in)
+  uint64_t objects = 0;  // allocations moved
+  uint64_t bytes = 0;    // their bytes
+  uint64_t ns = 0;       // time spent moving them
+  uint32_t device = 0;
+  uint8_t out = 0;       // 1: to host memory (evicted), 0: back to the device (restored)
+  uint8_t ok = 1;        // 0: something could not be moved (it stayed where it was)
+  uint16_t reserved = 0;
 };
 
 struct StatsQuery {

@@ -33,6 +33,9 @@ constexpr std::chrono::milliseconds kExpressQuiet{20};
 
 // How long a revoked holder may take to confirm when its tenant has no command time limit.
 constexpr std::chrono::seconds kRevokeLimit{60};
+// How long a release waits for the tenants in its way to move their data off the device before
+// the late workers are ended (oversubscription; eviction runs at host-memory copy speed).
+constexpr std::chrono::seconds kEvictTimeout{30};
 
 }  // namespace
 
@@ -161,6 +164,18 @@ void Scheduler::SetMemoryCapacity(uint32_t device, uint64_t bytes) {
   });
 }
 
+gmux::Status Scheduler::EnableSlots(uint32_t device, const core::SlotAllocatorOptions& options,
+                              uint64_t slot_bytes) {
+  if (slot_bytes == 0) return InvalidArgument("slot_bytes must be positive");
+  GMUX_ASSIGN_OR_RETURN(core::SlotAllocator alloc, core::SlotAllocator::Create(options));
+  mailbox_.Post([this, device, slot_bytes, a = std::move(alloc)]() mutable {
+    if (device >= devices_.size()) return;
+    devices_[device].slots.emplace(std::move(a));
+    devices_[device].slot_bytes = slot_bytes;
+  });
+  return gmux::Status::Ok();
+}
+
 void Scheduler::SetMemoryQuota(TenantId tenant, uint64_t bytes) {
   mailbox_.Post([this, tenant, bytes] { tenants_[tenant].memory_quota = bytes; });
 }
@@ -179,12 +194,15 @@ void Scheduler::OnMemReserve(Worker& w, const std::vector<ctl::MemReserve>& asks
     if (t.memory_quota != 0 && (a.bytes > t.memory_quota || used > t.memory_quota - a.bytes)) {
       ans.verdict = static_cast<uint32_t>(ctl::MemVerdict::kQuota);
     } else if (d.mem_capacity != 0 &&
-               (a.bytes > d.mem_capacity || d.mem_used > d.mem_capacity - a.bytes)) {
+               (a.bytes > d.mem_capacity ||
+                // Oversubscribed: the tenant's own data must fit the device, not everyone's.
+                (d.slots ? used : d.mem_used) > d.mem_capacity - a.bytes)) {
       ans.verdict = static_cast<uint32_t>(ctl::MemVerdict::kCapacity);
       ans.limit = d.mem_capacity;
     } else {
       used += a.bytes;
       d.mem_used += a.bytes;
+      if (d.slots) d.resident[w.tenant] = true;  // the new allocation is on the device
       w.mem_held[a.device] += a.bytes;
       t.mem_peak[a.device] = std::max(t.mem_peak[a.device], used);
       ans.used = used;
@@ -208,6 +226,13 @@ void Scheduler::FreeMemory(Worker& w, uint32_t device, uint64_t bytes) {
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end() && device < t->second.mem_used.size()) {
     t->second.mem_used[device] -= std::min(bytes, t->second.mem_used[device]);
+    // A tenant without device memory holds no slots.
+    if (d.slots && t->second.mem_used[device] == 0 && d.slots->Contains(w.tenant) &&
+        !(d.switching && d.switching->pick.tenant == w.tenant)) {
+      d.slots->RemoveTenant(w.tenant, Now()).IgnoreError();
+      d.slot_need.erase(w.tenant);
+      d.resident.erase(w.tenant);
+    }
   }
 }
 
@@ -254,6 +279,9 @@ void Scheduler::OnMessage(Worker& w, const ctl::Message& m) {
         FreeMemory(w, f.device, f.bytes);
       }
       return;
+    case ctl::Type::kSwapped:
+      if (m.body.size() % sizeof(ctl::Swapped) != 0) return Drop(w, GoneReason::kMalformed);
+      return OnSwapped(w, m.As<ctl::Swapped>());
     case ctl::Type::kStatsQuery: {
       auto q = m.As<ctl::StatsQuery>();
       if (q.size() != 1) return Drop(w, GoneReason::kMalformed);
@@ -361,6 +389,9 @@ void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
 void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
   DeviceState& d = devices_[device];
   if (!express_enabled_ || d.express != nullptr || !d.held.empty()) return;
+  // Oversubscribed memory: every release goes through the slot layout (PrepareSwitch), which
+  // commands a worker starts itself would bypass (docs/policies.md, "Device memory").
+  if (d.slots) return;
   const TimePoint now = Now();
   for (const auto& [tenant, when] : d.last_active) {
     if (tenant != w.tenant && now - when < kExpressQuiet) return;
@@ -415,10 +446,16 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
       if (head) d.head_since = now;
       // The device's own START->END, but never more than the broker saw pass.
       const Duration wall = now - f.released;
-      const Duration used = std::min(Duration(static_cast<int64_t>(
-                                         std::min<uint64_t>(r.device_ns, INT64_MAX))),
-                                     wall);
+      // A swap-in before the command ran is the tenant's too (DymGPU's switch cost).
+      uint64_t device_ns = r.device_ns;
       auto t = tenants_.find(f.tenant);
+      const size_t di = static_cast<size_t>(&d - devices_.data());
+      if (t != tenants_.end() && di < t->second.swap_charge_ns.size()) {
+        device_ns += std::exchange(t->second.swap_charge_ns[di], 0);
+      }
+      const Duration used = std::min(Duration(static_cast<int64_t>(
+                                         std::min<uint64_t>(device_ns, INT64_MAX))),
+                                     wall);
       if (t != tenants_.end()) {
         TenantStats& ts = t->second;
         if (ts.inflight > 0) --ts.inflight;
@@ -428,6 +465,7 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
         if (f.last) ++ts.completed;
       }
       d.policy->Complete({f.tenant, f.block, f.range, used, f.last}, now);
+      if (d.slots) d.slots->RecordUse(f.tenant, f.released, now).IgnoreError();
       if (f.last) outstanding_.fetch_sub(1);
       break;
     }
@@ -447,6 +485,16 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
     DeviceState& d = devices_[di];
     std::erase_if(d.held, [&](const auto& h) { return h.first == &w; });
     if (d.express == &w) EndExpress(di);
+    if (d.switching) {
+      d.switching->waiting.erase(w.session);  // its data went with its process
+      if (d.switching->q.worker == &w) {
+        // The release it waited for will not happen: the policy sees it complete.
+        const core::Dispatch p = d.switching->pick;
+        d.switching.reset();
+        d.policy->Complete({p.tenant, p.block, p.range, Duration(0), p.last}, now);
+        if (p.last) outstanding_.fetch_sub(1);
+      }
+    }
     for (auto q = d.queued.begin(); q != d.queued.end();) {
       if (q->second.worker == &w) {
         outstanding_.fetch_sub(1);
@@ -519,6 +567,10 @@ void Scheduler::Pump() {
   for (size_t di = 0; di < devices_.size(); ++di) {
     DeviceState& d = devices_[di];
     while (d.inflight.size() < inflight_limit_) {
+      if (d.switching) {
+        if (!AdvanceSwitch(static_cast<uint32_t>(di))) break;
+        continue;
+      }
       auto pick = d.policy->Pick(Now());
       if (!pick) break;
       auto it = d.queued.find(pick->block);
@@ -529,21 +581,205 @@ void Scheduler::Pump() {
         continue;
       }
       Queued q = it->second;
-      Dispatched(d, Flight{q.worker, q.cmd, pick->block, pick->tenant, pick->range, pick->last,
-                           Now(), q.unsplit_kernel});
-      ctl::Release r;
-      r.cmd = q.cmd;
-      r.begin = pick->range.begin;
-      r.end = pick->range.end;
-      r.last = pick->last ? 1 : 0;
-      r.whole = pick->last && pick->range.begin == 0 && pick->range.end == q.work_items ? 1 : 0;
-      q.worker->out.push_back(r);
-      if (pick->last) {
-        q.worker->blocks.erase(q.cmd);
-        if (q.worker->queued_on[di] > 0) --q.worker->queued_on[di];
-        d.queued.erase(it);
+      if (d.slots) {
+        std::vector<TenantId> victims = PrepareSwitch(static_cast<uint32_t>(di), pick->tenant);
+        if (!victims.empty()) {
+          // Held, and nothing else released here, until the victims are off the device.
+          ++d.switches_waited;
+          d.switching = Switch{*pick, q, std::move(victims), {}, false, Now()};
+          if (!AdvanceSwitch(static_cast<uint32_t>(di))) break;
+          continue;
+        }
       }
+      Release(static_cast<uint32_t>(di), *pick, q);
     }
+  }
+}
+
+int32_t Scheduler::SlotNeed(const DeviceState& d, TenantId tenant) const {
+  const int32_t slots = d.slots->options().slots;
+  auto t = tenants_.find(tenant);
+  const size_t di = static_cast<size_t>(&d - devices_.data());
+  uint64_t bytes = 0;
+  if (t != tenants_.end() && di < t->second.mem_used.size()) bytes = t->second.mem_used[di];
+  const uint64_t need = (bytes + d.slot_bytes - 1) / d.slot_bytes;
+  return static_cast<int32_t>(std::clamp<uint64_t>(need, 1, static_cast<uint64_t>(slots)));
+}
+
+std::vector<TenantId> Scheduler::PrepareSwitch(uint32_t di, TenantId tenant) {
+  DeviceState& d = devices_[di];
+  core::SlotAllocator& a = *d.slots;
+  const TimePoint now = Now();
+  const int32_t need = SlotNeed(d, tenant);
+  auto known = d.slot_need.find(tenant);
+  if (!a.Contains(tenant)) {
+    a.AddTenant(tenant, need, now).IgnoreError();
+    d.slot_need[tenant] = need;
+  } else if (known == d.slot_need.end() || known->second != need) {
+    // Its working set changed size: placed again as a new tenant of that size (docs/policies.md).
+    a.RemoveTenant(tenant, now).IgnoreError();
+    a.AddTenant(tenant, need, now).IgnoreError();
+    d.slot_need[tenant] = need;
+  }
+  auto start = a.StartOf(tenant);
+  if (!start.ok()) {
+    // Idle, so not placed: switching to it places it again (the monitor's rule).
+    (void)a.SwitchTo(tenant, now);
+    start = a.StartOf(tenant);
+  }
+  std::vector<TenantId> victims;
+  if (!start.ok()) return victims;
+  const int32_t begin = *start, end = *start + need;
+  for (const auto& [u, on] : d.resident) {
+    if (!on || u == tenant) continue;
+    auto su = a.StartOf(u);
+    auto nu = d.slot_need.find(u);
+    // A resident tenant without a place (idle, or never dispatched) is in nobody's way only
+    // once it is off the device.
+    if (!su.ok() || nu == d.slot_need.end() || (*su < end && begin < *su + nu->second)) {
+      victims.push_back(u);
+    }
+  }
+  std::sort(victims.begin(), victims.end());
+  return victims;
+}
+
+void Scheduler::AskEvict(uint32_t di, TenantId tenant, Switch* sw) {
+  DeviceState& d = devices_[di];
+  d.resident[tenant] = false;
+  for (auto& [id, w] : workers_) {
+    if (w->dead || w->tenant != tenant) continue;
+    ctl::Evict e;
+    e.device = di;
+    e.epoch = ++w->evict_epoch;
+    if (!ctl::Send(w->fd, ctl::Type::kEvict, &e, sizeof(e), 1, -1, /*dont_wait=*/true).ok()) {
+      // A worker that does not read its channel cannot be waited for (nor trusted with the
+      // device): it goes, and its data with it.
+      Drop(*w, GoneReason::kClosed);
+      continue;
+    }
+    if (sw != nullptr) sw->waiting[id] = e.epoch;
+  }
+}
+
+bool Scheduler::AdvanceSwitch(uint32_t di) {
+  DeviceState& d = devices_[di];
+  Switch& sw = *d.switching;
+  if (!sw.asked) {
+    for (const Flight& f : d.inflight) {
+      if (std::binary_search(sw.victims.begin(), sw.victims.end(), f.tenant)) return false;
+    }
+    if (d.express != nullptr &&
+        std::binary_search(sw.victims.begin(), sw.victims.end(), d.express->tenant)) {
+      if (!d.revoking) Revoke(di);
+      return false;
+    }
+    sw.asked = true;
+    for (TenantId v : sw.victims) AskEvict(di, v, &sw);
+    if (!d.switching) return true;  // a dropped worker was the one waiting
+  }
+  if (!d.switching->waiting.empty()) {
+    if (Now() - d.switching->since < kEvictTimeout) return false;
+    // A worker that does not move its data off in time is not waited for any longer: it ends,
+    // and its data with it (its tenant's next session starts afresh).
+    std::vector<Worker*> late;
+    for (const auto& [session, epoch] : d.switching->waiting) {
+      auto it = workers_.find(session);
+      if (it != workers_.end()) late.push_back(it->second.get());
+    }
+    for (Worker* w : late) {
+      std::fprintf(stderr,
+                   "gmuxd: tenant '%s' (session %llu) did not move its device memory off device "
+                   "%u within %.0f s; ending its session\n",
+                   tenants_[w->tenant].name.c_str(), static_cast<unsigned long long>(w->session),
+                   di, ToSeconds(kEvictTimeout));
+      Drop(*w, GoneReason::kWatchdog);
+    }
+    if (!d.switching) return true;
+    d.switching->waiting.clear();
+  }
+  Switch done = std::move(*d.switching);
+  d.switching.reset();
+  Release(di, done.pick, done.q);
+  return true;
+}
+
+void Scheduler::SlotMonitor() {
+  const TimePoint now = Now();
+  for (uint32_t di = 0; di < devices_.size(); ++di) {
+    DeviceState& d = devices_[di];
+    if (!d.slots) continue;
+    d.slots->Tick(now);
+    // DymGPU's idle tenants leave the layout; their data leaves the device too, once nothing of
+    // theirs runs there (an idle tenant is evicted first: before anyone needs its slots).
+    std::vector<TenantId> idle;
+    for (const auto& [u, on] : d.resident) {
+      if (!on || !d.slots->Contains(u) || d.slots->StartOf(u).ok()) continue;
+      if (d.switching && d.switching->pick.tenant == u) continue;
+      bool busy = false;
+      for (const Flight& f : d.inflight) busy = busy || f.tenant == u;
+      if (d.express != nullptr && d.express->tenant == u) busy = true;
+      if (!busy) idle.push_back(u);
+    }
+    for (TenantId u : idle) AskEvict(di, u, nullptr);
+  }
+}
+
+void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
+  TenantStats& t = tenants_[w.tenant];
+  t.swap_charge_ns.resize(devices_.size());
+  for (const ctl::Swapped& r : swapped) {
+    if (r.device >= devices_.size() || (r.out == 0 && r.epoch != 0) ||
+        (r.out != 0 && (r.epoch == 0 || r.epoch > w.evict_epoch))) {
+      return Drop(w, GoneReason::kMalformed);
+    }
+    DeviceState& d = devices_[r.device];
+    const double secs = static_cast<double>(r.ns) * 1e-9;
+    if (r.out != 0) {
+      if (d.switching) {
+        auto it = d.switching->waiting.find(w.session);
+        if (it != d.switching->waiting.end() && it->second == r.epoch) {
+          d.switching->waiting.erase(it);
+        }
+      }
+      if (r.objects == 0) continue;
+      ++d.evictions;
+      d.bytes_out += r.bytes;
+      d.swap_out_s += secs;
+      ++t.evictions;
+      t.bytes_out += r.bytes;
+      t.swap_out_s += secs;
+    } else {
+      ++d.restores;
+      d.bytes_in += r.bytes;
+      d.swap_in_s += secs;
+      ++t.restores;
+      t.bytes_in += r.bytes;
+      t.swap_in_s += secs;
+      t.swap_charge_ns[r.device] += r.ns;
+    }
+  }
+}
+
+void Scheduler::Release(uint32_t di, const core::Dispatch& pick, const Queued& q) {
+  DeviceState& d = devices_[di];
+  if (d.slots) {
+    (void)d.slots->SwitchTo(pick.tenant, Now());
+    d.resident[pick.tenant] = true;  // its worker brings its data back before it runs
+  }
+  Dispatched(d, Flight{q.worker, q.cmd, pick.block, pick.tenant, pick.range, pick.last, Now(),
+                       q.unsplit_kernel});
+  ctl::Release r;
+  r.cmd = q.cmd;
+  r.begin = pick.range.begin;
+  r.end = pick.range.end;
+  r.last = pick.last ? 1 : 0;
+  r.whole = pick.last && pick.range.begin == 0 && pick.range.end == q.work_items ? 1 : 0;
+  q.worker->out.push_back(r);
+  if (pick.last) {
+    q.worker->blocks.erase(q.cmd);
+    if (q.worker->queued_on[di] > 0) --q.worker->queued_on[di];
+    d.queued.erase(pick.block);
   }
 }
 
@@ -596,6 +832,11 @@ void Scheduler::Loop() {
       pending_out = pending_out || !w->out.empty() || !w->express_out.empty();
     }
     if (pending_out) next = Now() + std::chrono::milliseconds(1);
+    for (auto& d : devices_) {
+      if (!d.slots || (d.resident.empty() && !d.switching)) continue;
+      TimePoint m = Now() + std::min<Duration>(d.slots->options().monitor_period, kEvictTimeout);
+      next = next ? std::min(*next, m) : m;
+    }
     if (next) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - Now()).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
@@ -628,6 +869,7 @@ void Scheduler::Loop() {
     for (auto& d : devices_) {
       if (auto t = d.policy->NextTimer(); t && *t <= now) d.policy->Tick(now);
     }
+    SlotMonitor();
     Pump();
     Watchdog();
     Pump();
@@ -670,6 +912,40 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                         // Others' use is not a tenant's business; the capacity is.
                         {"memory_capacity", d.mem_capacity},
                         {"memory_used", only ? json(nullptr) : json(d.mem_used)}});
+    if (d.slots) {
+      // Oversubscription: DymGPU's counts (slot copies) next to the bytes really moved.
+      const core::SlotCounters& c = d.slots->counters();
+      json placed = json::array();
+      for (const auto& ti : d.slots->Tenants()) {
+        if (only && ti.id != *only) continue;
+        auto r = d.resident.find(ti.id);
+        placed.push_back(json{{"tenant", ti.id},
+                              {"need", ti.need},
+                              {"start", ti.start ? json(*ti.start) : json(nullptr)},
+                              {"utilization", ti.utilization},
+                              {"resident", r != d.resident.end() && r->second},
+                              {"switch_ins", ti.switch_ins},
+                              {"copies", ti.copies}});
+      }
+      devs.back()["slots"] = json{{"policy", std::string(core::SlotPolicyName(
+                                                 d.slots->options().policy))},
+                                  {"slots", d.slots->options().slots},
+                                  {"slot_bytes", d.slot_bytes},
+                                  {"shared_slots", d.slots->SharedSlots()},
+                                  {"switches", c.switches},
+                                  {"switch_copies", c.switch_copies},
+                                  {"move_copies", c.move_copies},
+                                  {"slot_copies", c.total_copies()},
+                                  {"idle_evictions", c.idle_evictions},
+                                  {"releases_waited", d.switches_waited},
+                                  {"evictions", d.evictions},
+                                  {"restores", d.restores},
+                                  {"bytes_out", d.bytes_out},
+                                  {"bytes_in", d.bytes_in},
+                                  {"swap_out_s", d.swap_out_s},
+                                  {"swap_in_s", d.swap_in_s},
+                                  {"tenants", std::move(placed)}};
+    }
   }
   j["devices"] = devs;
   // Kang & Yu's N: tenants with work pending or in flight.
@@ -699,7 +975,13 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
            {"sessions", t.sessions},
            {"worker_deaths", t.worker_deaths},
            {"watchdog_kills", t.watchdog_kills},
-           {"command_time_limit_s", ToSeconds(t.command_time_limit)}};
+           {"command_time_limit_s", ToSeconds(t.command_time_limit)},
+           {"swap", json{{"evictions", t.evictions},
+                         {"restores", t.restores},
+                         {"bytes_out", t.bytes_out},
+                         {"bytes_in", t.bytes_in},
+                         {"swap_out_s", t.swap_out_s},
+                         {"swap_in_s", t.swap_in_s}}}};
     size_t pending = 0;
     for (const auto& d : devices_) {
       pending += d.policy->Pending(id);

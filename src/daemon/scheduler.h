@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "core/policy.h"
+#include "core/slot_allocator.h"
 #include "daemon/control.h"
 #include "daemon/mailbox.h"
 
@@ -83,6 +84,14 @@ class Scheduler {
   // limit) and a tenant's quota per device (0: none). Reservations are answered against both.
   void SetMemoryCapacity(uint32_t device, uint64_t bytes);
   void SetMemoryQuota(TenantId tenant, uint64_t bytes);
+  // Oversubscription (DymGPU, docs/policies.md "Device memory"): the device's managed capacity
+  // is cut into slots of `slot_bytes`; tenants may
+  // together reserve more than the capacity (each alone at most all of it), and before a
+  // tenant's command is released the tenants whose slot windows overlap its own are moved off
+  // the device (ctl::kEvict) once nothing of theirs runs there. `options.slots` is the managed
+  // capacity in slots. kInvalidArgument for options the allocator refuses.
+  gmux::Status EnableSlots(uint32_t device, const core::SlotAllocatorOptions& options,
+                           uint64_t slot_bytes);
 
   // Commands submitted and not yet completed (all tenants).
   uint64_t Outstanding() const { return outstanding_.load(); }
@@ -95,6 +104,7 @@ class Scheduler {
  private:
   Scheduler() = default;
   struct Worker {
+    uint64_t evict_epoch = 0;  // the last kEvict sent
     uint64_t session = 0;
     TenantId tenant = 0;
     int fd = -1;
@@ -123,6 +133,15 @@ class Scheduler {
     TimePoint released{};
     bool unsplit_kernel = false;
   };
+  // A release held until the tenants in the way are moved off the device.
+  struct Switch {
+    core::Dispatch pick;
+    Queued q;
+    std::vector<TenantId> victims;
+    std::unordered_map<uint64_t, uint64_t> waiting;  // session -> kEvict epoch not answered yet
+    bool asked = false;                               // kEvict sent
+    TimePoint since{};
+  };
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;
     uint64_t dispatches = 0;
@@ -139,6 +158,17 @@ class Scheduler {
     std::unordered_map<TenantId, TimePoint> last_active;  // last Ready or Done per tenant
     uint64_t mem_capacity = 0;  // 0: no limit
     uint64_t mem_used = 0;      // reserved by every tenant
+    // Oversubscription: the slot layout, each placed tenant's slot count, the tenants whose data
+    // is on the device (as far as the broker knows), a release waiting for evictions, and what
+    // moved.
+    std::optional<core::SlotAllocator> slots;
+    uint64_t slot_bytes = 0;
+    std::unordered_map<TenantId, int32_t> slot_need;
+    std::unordered_map<TenantId, bool> resident;
+    std::optional<Switch> switching;
+    uint64_t switches_waited = 0;  // releases that waited for evictions
+    uint64_t evictions = 0, restores = 0, bytes_out = 0, bytes_in = 0;
+    double swap_out_s = 0, swap_in_s = 0;
   };
 
   void Loop();
@@ -148,6 +178,16 @@ class Scheduler {
   void OnReady(Worker& w, const std::vector<ctl::Ready>& ready);
   void OnDone(Worker& w, const std::vector<ctl::Done>& done);
   void OnMemReserve(Worker& w, const std::vector<ctl::MemReserve>& asks);
+  void OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped);
+  // Oversubscription. The tenant's slot count now (from its reservations), placed again when
+  // it changed; whether its release must wait (the victims to move off first); moving on a
+  // waiting release; the monitor's idle evictions; asking a tenant's workers to evict.
+  int32_t SlotNeed(const DeviceState& d, TenantId tenant) const;
+  std::vector<TenantId> PrepareSwitch(uint32_t device, TenantId tenant);
+  bool AdvanceSwitch(uint32_t device);
+  void SlotMonitor();
+  void AskEvict(uint32_t device, TenantId tenant, Switch* sw);
+  void Release(uint32_t device, const core::Dispatch& pick, const Queued& q);
   // Gives back `bytes` of `w`'s reservation on `device` (at most what it holds).
   void FreeMemory(Worker& w, uint32_t device, uint64_t bytes);
   // A policy block for `r`, counted as submitted (outstanding, the tenant's counters).
@@ -199,6 +239,11 @@ class Scheduler {
     std::vector<uint64_t> mem_used;   // per device: reserved by its workers now
     std::vector<uint64_t> mem_peak;   // per device: the most ever reserved at once
     uint64_t mem_refused = 0;         // reservations refused (quota or capacity)
+    // Oversubscription: moves of its data off the devices and back, and swap-in time not yet
+    // charged (added to its next completion's device time there).
+    uint64_t evictions = 0, restores = 0, bytes_out = 0, bytes_in = 0;
+    double swap_out_s = 0, swap_in_s = 0;
+    std::vector<uint64_t> swap_charge_ns;  // per device
   };
   std::map<TenantId, TenantStats> tenants_;
   uint64_t worker_deaths_ = 0;

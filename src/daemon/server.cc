@@ -19,6 +19,7 @@
 
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -93,8 +94,20 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
                                           DevicePolicySpecs(options), options.express_dispatch));
   // The device memory gmuxd manages: configured, or all the backend reports.
   for (uint32_t i = 0; i < devices.size(); ++i) {
-    s->scheduler_->SetMemoryCapacity(
-        i, options.memory_bytes != 0 ? options.memory_bytes : devices[i].memory_bytes);
+    const uint64_t capacity =
+        options.memory_bytes != 0 ? options.memory_bytes : devices[i].memory_bytes;
+    s->scheduler_->SetMemoryCapacity(i, capacity);
+    if (options.memory_slots != "off") {
+      // The capacity in slots (docs/policies.md, "Device memory"): oversubscribed tenants are
+      // placed on these by core's SlotAllocator.
+      core::SlotAllocatorOptions so;
+      GMUX_ASSIGN_OR_RETURN(so.policy, core::ParseSlotPolicy(options.memory_slots));
+      so.slots = static_cast<int32_t>(std::clamp<uint64_t>(capacity / options.slot_bytes, 1,
+                                                           1u << 20));
+      so.idle_threshold = FromSeconds(options.memory_idle_s);
+      so.utilization_window = std::max(so.utilization_window, so.monitor_period);
+      GMUX_RETURN_IF_ERROR(s->scheduler_->EnableSlots(i, so, options.slot_bytes));
+    }
   }
   s->root_ = ::geteuid() == 0;
   s->tcp_uid_ = ::geteuid();

@@ -406,6 +406,8 @@ Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Comm
     l.max_mem_alloc_size = alloc;
     device_limits_.push_back(l);
   }
+  residency_ = std::make_shared<Residency>(cl_, backend_.devices());
+  sink_.AttachResidency(residency_);
 }
 
 uint64_t Session::MemoryView(uint32_t device) const {
@@ -503,6 +505,11 @@ Result<std::shared_ptr<HostBuffer>> Session::MapShared(int fd, size_t size) {
 
 Session::~Session() {
   core_->closed = true;
+  {
+    auto lock = residency_->Lock();
+    mems_.clear();
+  }
+  residency_->Clear();
   if (passed_fd_ >= 0) ::close(passed_fd_);
 }
 
@@ -651,6 +658,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         return e;
       }
       cl_int err = CL_SUCCESS;
+      auto lock = residency_->Lock();
       cl_mem m = cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
                                     init ? init->bytes.data() : nullptr, &err);
       if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
@@ -659,6 +667,14 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       mo.mem = Adopt(m);
       mo.size = r.getSize();
       mo.charge = std::move(charge);
+      Residency::Allocation a;
+      a.kind = Residency::Kind::kBuffer;
+      a.mem = mo.mem;
+      a.context = ctx->ctx;
+      a.devices = ctx->devices;
+      a.flags = flags & ~static_cast<cl_mem_flags>(CL_MEM_COPY_HOST_PTR);
+      a.bytes = r.getSize();
+      mo.alloc = residency_->AddLocked(std::move(a));
       mems_[r.getId()] = std::move(mo);
       return {};
     }
@@ -673,11 +689,27 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       cl_buffer_region region{r.getOrigin(), r.getSize()};
       cl_int err = CL_SUCCESS;
-      cl_mem m = cl_.clCreateSubBuffer(parent->mem->h, r.getFlags() & ~kHostAccessFlags,
-                                       CL_BUFFER_CREATE_TYPE_REGION,
+      auto lock = residency_->Lock();
+      if (err = residency_->UseLocked(parent->alloc); err != CL_SUCCESS) {
+        return {err, "the parent buffer could not be brought back to the device"};
+      }
+      const cl_mem_flags flags = r.getFlags() & ~kHostAccessFlags;
+      cl_mem m = cl_.clCreateSubBuffer(parent->mem->h, flags, CL_BUFFER_CREATE_TYPE_REGION,
                                        &region, &err);
       if (m == nullptr) return {err, "clCreateSubBuffer failed"};
-      mems_[r.getId()] = {Adopt(m), r.getSize()};
+      MemObj mo{Adopt(m), r.getSize()};
+      if (parent->alloc) {
+        Residency::Allocation a;
+        a.kind = Residency::Kind::kSubBuffer;
+        a.mem = mo.mem;
+        a.context = parent->alloc->context;
+        a.devices = parent->alloc->devices;
+        a.flags = flags;
+        a.parent = parent->alloc;
+        a.region = region;
+        mo.alloc = residency_->AddLocked(std::move(a));
+      }
+      mems_[r.getId()] = std::move(mo);
       return {};
     }
 
@@ -1002,7 +1034,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       switch (r.getKind()) {
         case wire::ObjectKind::CONTEXT: n = contexts_.erase(r.getId()); break;
         case wire::ObjectKind::QUEUE: n = queues_.erase(r.getId()); break;
-        case wire::ObjectKind::MEM: n = mems_.erase(r.getId()); break;
+        case wire::ObjectKind::MEM: {
+          auto lock = residency_->Lock();
+          n = mems_.erase(r.getId());
+          residency_->ReleasedLocked();
+          break;
+        }
         case wire::ObjectKind::PROGRAM: n = programs_.erase(r.getId()); break;
         case wire::ObjectKind::KERNEL: n = kernels_.erase(r.getId()); break;
         case wire::ObjectKind::EVENT: n = events_.erase(r.getId()); break;
@@ -1213,6 +1250,10 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
     }
     case wire::ObjectKind::MEM: {
       GMUX_LOOKUP(m, mems_, id, CL_INVALID_MEM_OBJECT, "mem");
+      auto lock = residency_->Lock();
+      if (cl_int err = residency_->UseLocked(m->alloc); err != CL_SUCCESS) {
+        return {err, "the memory object could not be brought back to the device"};
+      }
       if (p >= CL_IMAGE_FORMAT && p <= CL_IMAGE_NUM_SAMPLES) {
         if (!m->image) return {CL_INVALID_MEM_OBJECT, "not an image"};
         return query([&](size_t s, void* v, size_t* o) {
@@ -1780,10 +1821,11 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   desc.image_height = d.getHeight();
   desc.image_depth = d.getDepth();
   desc.image_array_size = d.getArraySize();
+  MemObj* on_buffer = nullptr;  // its handle is read under the residency lock, below
   if (d.getBuffer() != 0) {
     GMUX_LOOKUP(b, mems_, d.getBuffer(), CL_INVALID_IMAGE_DESCRIPTOR, "mem");
     if (b->image) return {CL_INVALID_IMAGE_DESCRIPTOR, "an image buffer must be a buffer"};
-    desc.buffer = b->mem->h;
+    on_buffer = b;
   }
   cl_mem_flags flags = r.getFlags() & ~static_cast<cl_mem_flags>(
                                           CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR |
@@ -1846,7 +1888,7 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   // An image's device memory: its elements, tightly packed (a 1D image buffer's are its
   // buffer's, counted there).
   uint64_t image_bytes = 0;
-  if (desc.buffer == nullptr) {
+  if (on_buffer == nullptr) {
     size_t full[3];
     proto::ImageFullRegion(desc.image_type, desc.image_width, desc.image_height, desc.image_depth,
                            desc.image_array_size, full);
@@ -1860,6 +1902,14 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
     return e;
   }
   cl_int err = CL_SUCCESS;
+  auto lock = residency_->Lock();
+  if (on_buffer != nullptr) {
+    if (err = residency_->UseLocked(on_buffer->alloc); err != CL_SUCCESS) {
+      if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
+      return {err, "the image's buffer could not be brought back to the device"};
+    }
+    desc.buffer = on_buffer->mem->h;
+  }
   cl_mem m = cl_.clCreateImage(ctx->ctx->h, flags, &format, &desc, const_cast<uint8_t*>(host), &err);
   if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
   if (m == nullptr) return {err, "clCreateImage failed"};
@@ -1869,6 +1919,22 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   mo.image = true;
   mo.image_type = static_cast<uint32_t>(desc.image_type);
   mo.element_bytes = element_bytes;
+  if (on_buffer == nullptr || on_buffer->alloc) {
+    Residency::Allocation a;
+    a.kind = on_buffer != nullptr ? Residency::Kind::kImageOnBuffer : Residency::Kind::kImage;
+    a.mem = mo.mem;
+    a.context = ctx->ctx;
+    a.devices = ctx->devices;
+    a.flags = flags & ~static_cast<cl_mem_flags>(CL_MEM_COPY_HOST_PTR);
+    a.format = format;
+    a.desc = desc;
+    a.desc.image_row_pitch = 0;
+    a.desc.image_slice_pitch = 0;
+    a.desc.buffer = nullptr;
+    a.bytes = image_bytes;
+    if (on_buffer != nullptr) a.parent = on_buffer->alloc;
+    mo.alloc = residency_->AddLocked(std::move(a));
+  }
   mems_[r.getId()] = std::move(mo);
   return {};
 }

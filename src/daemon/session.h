@@ -25,6 +25,7 @@
 #include "daemon/backend.h"
 #include "daemon/command.h"
 #include "daemon/config.h"
+#include "daemon/residency.h"
 #include "daemon/restore.h"
 #include "daemon/validate.h"
 #include "proto/frame.h"
@@ -169,6 +170,7 @@ class Session {
     uint32_t image_type = 0;  // cl_mem_object_type of an image
     size_t element_bytes = 0;
     std::shared_ptr<MemCharge> charge{};  // none for sub-buffers (their parent's counts)
+    std::shared_ptr<Residency::Allocation> alloc{};  // its recipe, to move it off the device
   };
   struct ProgramObj {
     Ref<cl_program> program;
@@ -248,6 +250,8 @@ class Session {
   std::unordered_map<uint64_t, ContextObj> contexts_;
   std::unordered_map<uint64_t, QueueObj> queues_;
   std::unordered_map<uint64_t, MemObj> mems_;
+  // The session's allocations, which the worker may move off a device and back (residency.h).
+  std::shared_ptr<Residency> residency_;
   std::unordered_map<uint64_t, ProgramObj> programs_;
   std::unordered_map<uint64_t, KernelObj> kernels_;
   std::unordered_map<uint64_t, std::shared_ptr<EventRecord>> events_;

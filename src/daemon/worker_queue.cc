@@ -165,6 +165,7 @@ void WorkerQueue::Loop() {
                       .count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
     }
+    if (!evict_pending_.empty()) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
     int n = ::poll(fds, broker_gone_ ? 1 : 2, timeout_ms);
     if (n < 0) continue;
     if (!broker_gone_ && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
@@ -184,6 +185,7 @@ void WorkerQueue::Loop() {
     }
     for (auto& t : mailbox_.TryTakeAll()) t();
     FlushReady();
+    if (!evict_pending_.empty()) EvictWhenIdle();
   }
 }
 
@@ -217,7 +219,7 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
         per_device[c->device].push_back(std::move(job));
       }
       for (size_t d = 0; d < per_device.size(); ++d) {
-        if (!per_device[d].empty()) executors_[d]->Run(std::move(per_device[d]));
+        if (!per_device[d].empty()) RunJobs(static_cast<uint32_t>(d), std::move(per_device[d]));
         DrainBacklog(static_cast<uint32_t>(d));  // the last release may let the backlog go
       }
       // Commands of other devices that waited for these to be dispatched.
@@ -226,6 +228,10 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
     }
     case ctl::Type::kExpress:
       for (const ctl::Express& e : m.As<ctl::Express>()) OnExpress(e);
+      break;
+    case ctl::Type::kEvict:
+      for (const ctl::Evict& e : m.As<ctl::Evict>()) evict_pending_.push_back(e);
+      EvictWhenIdle();
       break;
     case ctl::Type::kLimits: {
       auto l = m.As<ctl::Limits>();
@@ -405,6 +411,8 @@ void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done
     room_cv_.notify_all();
   }
   if (device < backlog_.size()) DrainBacklog(device);
+  if (residency_) residency_->CollectIfPending();
+  if (!evict_pending_.empty()) EvictWhenIdle();
   // Reported when the loop has finished this round, after the executor has delivered the
   // results to the client: the broker's accounting is not on the client's critical path.
 }
@@ -436,7 +444,7 @@ void WorkerQueue::FlushReady(bool force_report) {
       if (express_jobs_[d].empty()) continue;
       std::vector<Job> jobs = std::move(express_jobs_[d]);
       express_jobs_[d].clear();
-      executors_[d]->Run(std::move(jobs));
+      RunJobs(static_cast<uint32_t>(d), std::move(jobs));
       more = true;
     }
   }
@@ -463,6 +471,51 @@ void WorkerQueue::FlushReady(bool force_report) {
   ready_out_.clear();
   if (!done_out_.empty()) ctl::SendRecords(ctl_fd_, ctl::Type::kDone, done_out_).IgnoreError();
   done_out_.clear();
+}
+
+void WorkerQueue::AttachResidency(std::shared_ptr<Residency> residency) {
+  mailbox_.Post([this, r = std::move(residency)]() mutable { residency_ = std::move(r); });
+}
+
+void WorkerQueue::RunJobs(uint32_t device, std::vector<Job> jobs) {
+  if (residency_ && residency_->Evicted(device)) {
+    Residency::Moved m = residency_->Restore(device);
+    if (!broker_gone_ && m.objects != 0) {
+      ctl::Swapped s;
+      s.device = device;
+      s.out = 0;
+      s.ok = m.error == CL_SUCCESS ? 1 : 0;
+      s.objects = m.objects;
+      s.bytes = m.bytes;
+      s.ns = static_cast<uint64_t>(m.time.count());
+      ctl::Send(ctl_fd_, ctl::Type::kSwapped, &s, sizeof(s), 1).IgnoreError();
+    }
+  }
+  executors_[device]->Run(std::move(jobs));
+}
+
+void WorkerQueue::EvictWhenIdle() {
+  // Nothing of the session may be on any device: an allocation can belong to several, and a
+  // running command holds the handles it was started with.
+  for (size_t d = 0; d < executors_.size(); ++d) {
+    if (!executors_[d]->Idle() || running_[d] != 0 || !express_jobs_[d].empty()) return;
+  }
+  std::vector<ctl::Evict> asks = std::move(evict_pending_);
+  evict_pending_.clear();
+  for (const ctl::Evict& e : asks) {
+    ctl::Swapped s;
+    s.epoch = e.epoch;
+    s.device = e.device;
+    s.out = 1;
+    if (residency_ && e.device < executors_.size()) {
+      Residency::Moved m = residency_->Evict(e.device);
+      s.ok = m.error == CL_SUCCESS ? 1 : 0;
+      s.objects = m.objects;
+      s.bytes = m.bytes;
+      s.ns = static_cast<uint64_t>(m.time.count());
+    }
+    if (!broker_gone_) ctl::Send(ctl_fd_, ctl::Type::kSwapped, &s, sizeof(s), 1).IgnoreError();
+  }
 }
 
 }  // namespace gmux::daemon

@@ -36,6 +36,7 @@
 #include "daemon/control.h"
 #include "daemon/executor.h"
 #include "daemon/mailbox.h"
+#include "daemon/residency.h"
 
 namespace gmux::daemon {
 
@@ -59,6 +60,7 @@ class WorkerQueue : public CommandSink {
   std::string Status() override;
   MemoryAnswer ReserveMemory(uint32_t device, uint64_t bytes) override;
   void ReleaseMemory(uint32_t device, uint64_t bytes) override;
+  void AttachResidency(std::shared_ptr<Residency> residency) override;
 
  private:
   void Loop();
@@ -80,6 +82,11 @@ class WorkerQueue : public CommandSink {
   void ToScheduler(const std::shared_ptr<Command>& c);
   void StartExpress(const std::shared_ptr<Command>& c);
   void DrainBacklog(uint32_t device);
+  // Runs `jobs` on device `device`'s executor, bringing the session's allocations back first if
+  // they were moved out (and telling the broker, kSwapped).
+  void RunJobs(uint32_t device, std::vector<Job> jobs);
+  // Carries out the broker's kEvict requests once nothing of the session is on a device.
+  void EvictWhenIdle();
 
   const int ctl_fd_;
   std::function<void()> on_broker_gone_;
@@ -118,6 +125,9 @@ class WorkerQueue : public CommandSink {
   // Per device, under a grant: ready commands waiting for a running one to finish (in order).
   std::vector<std::deque<std::shared_ptr<Command>>> backlog_;
   bool broker_gone_ = false;
+  // The session's allocations (residency.h) and the evictions asked for and not yet done.
+  std::shared_ptr<Residency> residency_;
+  std::vector<ctl::Evict> evict_pending_;
 
   // Memory answers from the broker, by reservation sequence; the sequences still waited for
   // (an answer for one nobody waits for any more is given back at once).

@@ -102,6 +102,27 @@ memory_quota = "1.5GB"
   }
 }
 
+TEST(DaemonConfigTest, MemorySlotsAreOffUnlessAPlacementPolicyIsNamed) {
+  auto none = ParseDaemonConfig("", "g.toml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->memory_slots, "off");
+  EXPECT_EQ(none->slot_bytes, 64ull << 20);  // DymGPU's 64 MB slots
+  EXPECT_EQ(none->memory_idle_s, 20.0);      // and its 20 s idle rule
+  auto on = ParseDaemonConfig(
+      "[daemon]\nmemory_slots = \"utilization\"\nslot_bytes = \"8MiB\"\nmemory_idle_s = 2\n",
+      "g.toml");
+  ASSERT_TRUE(on.ok()) << on.status().message();
+  EXPECT_EQ(on->memory_slots, "utilization");
+  EXPECT_EQ(on->slot_bytes, 8ull << 20);
+  EXPECT_EQ(on->memory_idle_s, 2.0);
+  for (const char* bad : {"memory_slots = \"lru\"", "memory_slots = 3", "slot_bytes = \"4KiB\"",
+                          "memory_idle_s = 0"}) {
+    auto r = ParseDaemonConfig(std::string("[daemon]\n") + bad + "\n", "g.toml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("g.toml:2"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(DaemonConfigTest, ExpressDispatchIsOnUnlessTurnedOff) {
   auto none = ParseDaemonConfig("", "g.toml");
   ASSERT_TRUE(none.ok());

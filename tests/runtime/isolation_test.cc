@@ -1663,3 +1663,172 @@ TEST_F(IsolationTest, OneTenantsQuotaDoesNotLimitAnother) {
 
 }  // namespace
 }  // namespace gmux::testing::iso
+
+namespace gmux::testing::iso {
+namespace {
+
+// ---- Device memory oversubscription (DymGPU slots) ----
+
+const char* kBumpSource = R"(
+__kernel void bump(__global uint* a) { a[get_global_id(0)] += 1u; }
+)";
+
+// Keeps `mib` MiB in a buffer (with a sub-buffer over its second half) and a 4 MiB image, bumps
+// every word of the buffer `rounds` times, and checks after every round that the buffer, the
+// sub-buffer and the image hold exactly what they should. Sends 1 when everything matched, then
+// `rounds` more when asked (Go), so a test can let it idle in between.
+int OversubscribedTenant(Channel& ch, uint32_t seed, size_t mib, int rounds) {
+  GmuxDevice d;
+  if (!OpenGmux(d)) return 50;
+  cl_program p = Build(d, kBumpSource);
+  if (p == nullptr) return 51;
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(p, "bump", &err);
+  if (k == nullptr) return 52;
+  const size_t words = mib * kMiB / 4;
+  std::vector<cl_uint> expect(words);
+  for (size_t i = 0; i < words; ++i) expect[i] = seed * 2654435761u + static_cast<cl_uint>(i);
+  cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, words * 4,
+                            expect.data(), &err);
+  if (a == nullptr) return 53;
+  cl_buffer_region half{words * 2, words * 2};
+  cl_mem sub = clCreateSubBuffer(a, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &half, &err);
+  if (sub == nullptr) return 54;
+  cl_image_format fmt{CL_RGBA, CL_UNSIGNED_INT8};
+  cl_image_desc desc{};
+  desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+  desc.image_width = 1024;
+  desc.image_height = 1024;
+  std::vector<uint8_t> pixels(4u << 20);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(seed + i * 7);
+  cl_mem img = clCreateImage(d.context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, &fmt, &desc,
+                             pixels.data(), &err);
+  if (img == nullptr) return 55;
+  if (clSetKernelArg(k, 0, sizeof(cl_mem), &a) != CL_SUCCESS) return 56;
+  std::vector<cl_uint> back(words), back_half(words / 2);
+  std::vector<uint8_t> back_pixels(pixels.size());
+  auto run = [&](int n) -> int {
+    for (int r = 0; r < n; ++r) {
+      if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &words, nullptr, 0, nullptr, nullptr) !=
+              CL_SUCCESS ||
+          clFinish(d.queue) != CL_SUCCESS) {
+        return 60;
+      }
+      for (auto& e : expect) ++e;
+      if (clEnqueueReadBuffer(d.queue, a, CL_TRUE, 0, words * 4, back.data(), 0, nullptr,
+                              nullptr) != CL_SUCCESS) {
+        return 61;
+      }
+      if (back != expect) return 62;
+      if (clEnqueueReadBuffer(d.queue, sub, CL_TRUE, 0, words * 2, back_half.data(), 0, nullptr,
+                              nullptr) != CL_SUCCESS ||
+          !std::equal(back_half.begin(), back_half.end(), expect.begin() + words / 2)) {
+        return 63;
+      }
+      size_t o[3] = {0, 0, 0}, reg[3] = {1024, 1024, 1};
+      if (clEnqueueReadImage(d.queue, img, CL_TRUE, o, reg, 0, 0, back_pixels.data(), 0, nullptr,
+                             nullptr) != CL_SUCCESS ||
+          back_pixels != pixels) {
+        return 64;
+      }
+    }
+    return 0;
+  };
+  if (int e = run(rounds); e != 0) return e;
+  ch.Send(1);
+  if (!ch.WaitGo()) return 70;
+  if (int e = run(rounds); e != 0) return e + 10;
+  ch.Send(1);
+  clReleaseMemObject(img);
+  clReleaseMemObject(sub);
+  clReleaseMemObject(a);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  return 0;
+}
+
+// The `slots` object of device 0 in a `gmux status --json` document.
+json SlotsOf(const json& j) {
+  if (!j.contains("devices") || j["devices"].empty()) return json();
+  return j["devices"][0].value("slots", json());
+}
+
+std::string SlotsConfig(const std::string& policy, const std::string& extra = "") {
+  return "[daemon]\nmemory_bytes = \"64MiB\"\nmemory_slots = \"" + policy +
+         "\"\nslot_bytes = \"8MiB\"\n" + extra;
+}
+
+// Three tenants of 40 MiB (plus a 4 MiB image each) on 64 MiB of managed memory: each alone
+// fits, together they do not, so every switch between them moves data off the device and back.
+// Every result stays what it would be without gmux, across all those moves, under `policy`.
+void ExpectOversubscribedTenantsKeepTheirData(PrivateDaemon& daemon, const std::string& policy) {
+  ASSERT_NO_FATAL_FAILURE(daemon.Start(SlotsConfig(policy)));
+  std::vector<Child> kids;
+  for (int i = 0; i < 3; ++i) {
+    ChildOptions o;
+    o.tenant = 190 + i;
+    o.limit_s = 170;
+    kids.push_back(Child::Spawn(daemon, o, [i](Channel& ch) {
+      return OversubscribedTenant(ch, 11u + static_cast<uint32_t>(i), 40, 6);
+    }));
+  }
+  for (auto& c : kids) ASSERT_EQ(c.Receive(160s).value_or(-1), 1) << c.Wait(1s).Describe();
+  for (auto& c : kids) c.Go();
+  for (auto& c : kids) EXPECT_EQ(c.Receive(160s).value_or(-1), 1) << c.Wait(1s).Describe();
+  for (auto& c : kids) {
+    Outcome o = c.Wait(60s);
+    EXPECT_TRUE(o.ok()) << o.Describe();
+  }
+  json st = json::parse(StatusJson(daemon, -1), nullptr, false);
+  json slots = SlotsOf(st);
+  ASSERT_TRUE(slots.is_object()) << st.dump(1);
+  EXPECT_EQ(slots.value("policy", ""), policy);
+  EXPECT_EQ(slots.value("slots", 0), 8);
+  EXPECT_GT(slots.value("evictions", 0), 0) << slots.dump();
+  EXPECT_GT(slots.value("restores", 0), 0) << slots.dump();
+  EXPECT_GE(slots.value("bytes_out", uint64_t{0}), 40 * kMiB) << slots.dump();
+}
+
+TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderBaselineSlots) {
+  if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
+  ExpectOversubscribedTenantsKeepTheirData(daemon_, "baseline");
+  ExpectAlive("after oversubscribed tenants");
+}
+
+TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderSizeSlots) {
+  if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
+  ExpectOversubscribedTenantsKeepTheirData(daemon_, "size");
+  ExpectAlive("after oversubscribed tenants");
+}
+
+TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderUtilizationSlots) {
+  if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
+  ExpectOversubscribedTenantsKeepTheirData(daemon_, "utilization");
+  ExpectAlive("after oversubscribed tenants");
+}
+
+// A tenant that stops using the device (DymGPU's idle rule, memory_idle_s) has its data moved
+// off, before anyone needs its slots; when it comes back its data is back too, unchanged.
+TEST_F(IsolationTest, AnIdleTenantsMemoryLeavesTheDeviceAndComesBack) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(SlotsConfig("size", "memory_idle_s = 1\n")));
+  Child c = Spawn(193, 120, [](Channel& ch) { return OversubscribedTenant(ch, 5, 24, 2); });
+  ASSERT_EQ(c.Receive(60s).value_or(-1), 1) << c.Wait(1s).Describe();
+  json slots;
+  for (int i = 0; i < 100; ++i) {
+    slots = SlotsOf(json::parse(StatusJson(daemon_, -1), nullptr, false));
+    if (slots.value("evictions", 0) > 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_GT(slots.value("evictions", 0), 0) << "the idle tenant's memory stayed: " << slots.dump();
+  EXPECT_GE(slots.value("bytes_out", uint64_t{0}), 24 * kMiB) << slots.dump();
+  c.Go();
+  EXPECT_EQ(c.Receive(60s).value_or(-1), 1) << c.Wait(1s).Describe();
+  Outcome o = c.Wait(30s);
+  EXPECT_TRUE(o.ok()) << o.Describe();
+  slots = SlotsOf(json::parse(StatusJson(daemon_, -1), nullptr, false));
+  EXPECT_GT(slots.value("restores", 0), 0) << slots.dump();
+  ExpectAlive("after an idle tenant's memory moved");
+}
+
+}  // namespace
+}  // namespace gmux::testing::iso

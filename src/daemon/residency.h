@@ -1,0 +1,127 @@
+// Residency: a worker's device allocations, and moving them out of the device and back
+// (DymGPU's slot swaps on the real runtime; docs/policies.md "Device memory", decisions 20-24).
+//
+// Every buffer and image the session creates is registered here with what it takes to make it
+// again: its context, flags and size (or image format and description), and for a sub-buffer or
+// an image on a buffer, the allocation it lies in. Evict(d) moves the session's allocations on
+// device d out: each top-level allocation's contents are read into host memory of this worker
+// process, then every backend object (dependents first) is released, so the device's memory is
+// really given back. Restore(d) makes them again, in creation order, from the saved contents.
+//
+// The application's objects never change: a session's Ref<cl_mem> is the same Held object
+// before and after, and only the backend handle inside it is replaced. Commands capture the Ref
+// and set kernel arguments and buffers from it when they run, so they are rebound by
+// construction. Eviction happens only while nothing of the session is on the device (the
+// worker's executors are idle), so no running command holds a handle that goes away.
+//
+// Threads. The session thread creates and releases objects and reads handles for calls made
+// outside commands (info queries, sub-buffers); the worker's loop thread evicts, restores and
+// runs commands. `Lock()` guards every handle change and the registry; the session thread holds
+// it around each backend call that takes a mem handle (never while waiting on the loop thread),
+// and UseLocked() restores an allocation it needs at once. The loop thread checks Evicted(d), an
+// atomic, before running commands, so the hot path takes no lock.
+//
+// The host copies live in this process's anonymous memory: a worker that dies, or a session
+// that ends, leaves no backing store behind.
+#pragma once
+
+#include <CL/cl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "daemon/cl_ref.h"
+
+namespace gmux::daemon {
+
+class Residency {
+ public:
+  enum class Kind { kBuffer, kImage, kSubBuffer, kImageOnBuffer };
+
+  // One backend allocation of the session, and its recipe.
+  struct Allocation {
+    Kind kind = Kind::kBuffer;
+    Ref<cl_mem> mem;               // the session's object; mem->h is null while evicted
+    Ref<cl_context> context;
+    std::vector<uint32_t> devices;  // the context's device indices
+    cl_mem_flags flags = 0;         // without host-pointer flags
+    uint64_t bytes = 0;             // device bytes it holds (0 for dependents)
+    // Images (both kinds): format and description (pitches 0, buffer null: set at restore).
+    cl_image_format format{};
+    cl_image_desc desc{};
+    // Dependents: what they lie in, and a sub-buffer's region.
+    std::shared_ptr<Allocation> parent;
+    cl_buffer_region region{};
+    // Saved contents while evicted (top-level allocations).
+    std::unique_ptr<uint8_t[]> store;
+    uint64_t store_bytes = 0;
+    bool resident = true;
+  };
+
+  // What one Evict() or Restore() did.
+  struct Moved {
+    uint64_t objects = 0;  // top-level allocations moved
+    uint64_t bytes = 0;    // their bytes
+    std::chrono::nanoseconds time{0};
+    cl_int error = CL_SUCCESS;  // the first failure (the rest still moved)
+  };
+
+  Residency(const cl_icd_dispatch& cl, std::vector<cl_device_id> devices);
+  ~Residency();
+  Residency(const Residency&) = delete;
+  Residency& operator=(const Residency&) = delete;
+
+  std::unique_lock<std::mutex> Lock() { return std::unique_lock<std::mutex>(mu_); }
+
+  // Registers a new, resident allocation (Lock() held). Top-level allocations' `bytes` are what
+  // eviction saves; a dependent's parent must be registered. The registry keeps it until
+  // nothing but the registry refers to it or its object (the application released it and no
+  // command holds it), then releases it (Collect).
+  std::shared_ptr<Allocation> AddLocked(Allocation a);
+  // The session released an object: collect what is unused now (Lock() held), and again on the
+  // loop thread after commands that held it completed (CollectIfPending).
+  void ReleasedLocked();
+  void CollectIfPending();
+  // Drops every allocation (the session ends; commands still holding objects keep them).
+  void Clear();
+
+  // Makes `a` (and what it lies in) resident if it is not (Lock() held). CL_SUCCESS or the
+  // backend's error.
+  cl_int UseLocked(const std::shared_ptr<Allocation>& a);
+
+  // Loop thread: moves every allocation on device `device` out of it / back in.
+  Moved Evict(uint32_t device);
+  Moved Restore(uint32_t device);
+  bool Evicted(uint32_t device) const;
+
+  // Totals over the session's life.
+  struct Totals {
+    uint64_t evictions = 0, restores = 0;
+    uint64_t bytes_out = 0, bytes_in = 0;
+    std::chrono::nanoseconds time_out{0}, time_in{0};
+  };
+  Totals totals() const;
+
+  // Live top-level bytes on `device`, resident or not.
+  uint64_t BytesOn(uint32_t device) const;
+
+ private:
+  // Lock held.
+  cl_int SaveAndRelease(Allocation& a, uint32_t device);
+  cl_int Make(Allocation& a);
+  void Collect();  // drops registry entries nothing else refers to
+
+  const cl_icd_dispatch& cl_;
+  const std::vector<cl_device_id> devices_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Allocation>> all_;  // in creation order
+  std::unique_ptr<std::atomic<bool>[]> evicted_;   // per device: something there is evicted
+  std::atomic<bool> collect_pending_{false};
+  Totals totals_;
+};
+
+}  // namespace gmux::daemon
