@@ -1,5 +1,6 @@
 // Residency: a worker's device allocations, and moving them out of the device and back
-// (DymGPU's slot swaps on the real runtime; docs/policies.md "Device memory", decisions 20-24).
+// (DymGPU's slot swaps on the real runtime; docs/policies.md, SlotAllocator, "On the real
+// runtime").
 //
 // Every buffer and image the session creates is registered here with what it takes to make it
 // again: its context, flags and size (or image format and description), and for a sub-buffer or

@@ -7,6 +7,7 @@
 
 #include "bench.h"
 #include "demo_fairness.h"
+#include "demo_memory.h"
 #include "sim/output.h"
 #include "status.h"
 #include "sim/scenario.h"
@@ -120,6 +121,29 @@ int main(int argc, char** argv) {
       "Closed-loop setups run every tenant alone first; their shares are work rates against\n"
       "alone, with the total work against fifo's when fifo runs first (docs/operations.md).\n");
 
+  CLI::App* mem = demo->add_subcommand(
+      "memory", "DymGPU slots on real OpenCL: oversubscribed device memory, baseline vs size vs "
+                "utilization");
+  gmux::cli::DemoMemoryOptions mem_opts;
+  mem->add_flag("--json", mem_opts.json, "One JSON object with every run");
+  mem->add_option("--policies", mem_opts.policies, "Comma-separated slot placement policies")
+      ->capture_default_str();
+  mem->add_option("--capacity", mem_opts.capacity, "Managed device memory ([daemon] memory_bytes)")
+      ->capture_default_str();
+  mem->add_option("--slot", mem_opts.slot, "Slot size ([daemon] slot_bytes)")->capture_default_str();
+  mem->add_option("--tenants", mem_opts.tenants, "Tenant processes")
+      ->capture_default_str()->check(CLI::Range(1, 16));
+  mem->add_option("--mib", mem_opts.mib, "Each tenant's buffer in MiB")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  mem->add_option("--rounds", mem_opts.rounds, "Rounds per tenant (launches, clFinish, check)")
+      ->capture_default_str()->check(CLI::Range(1, 100000));
+  mem->footer(
+      "Each policy gets its own gmuxd with memory_slots set; tenants are separate processes (own\n"
+      "uids when run as root). Tenant i bumps every word of its buffer max(1, 4-i) times per round\n"
+      "(one launch + clFinish each), reads it all back and checks it, then thinks 25*i ms. The\n"
+      "default (4 x 400 MiB on 1 GiB) needs ~8 GiB of host memory and takes a few minutes.\n"
+      "Exit 1 when any result differed from the CPU's or a tenant failed.");
+
   CLI::App* bench = app.add_subcommand(
       "bench", "Plain OpenCL programs natively and through gmux in one run, with the ratios");
   gmux::cli::BenchOptions bench_opts;
@@ -157,6 +181,7 @@ int main(int argc, char** argv) {
   if (sim_run->parsed()) return RunSim(args);
   if (status->parsed()) return gmux::cli::RunStatus(status_socket, status_json);
   if (fair->parsed()) return gmux::cli::RunDemoFairness(fair_opts);
+  if (mem->parsed()) return gmux::cli::RunDemoMemory(mem_opts);
   if (bench->parsed()) return gmux::cli::RunBench(bench_opts);
   return 0;
 }

@@ -1,0 +1,388 @@
+#include "demo_memory.h"
+
+#include <CL/cl.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "status.h"
+
+namespace gmux::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const char* kBump = R"(
+__kernel void bump(__global uint* a) { a[get_global_id(0)] += 1u; }
+)";
+
+// Tenant i: launches per round and think time after it, so that the tenants use the device
+// differently (what the utilization policy places by).
+int LaunchesOf(int i) { return std::max(1, 4 - i); }
+int ThinkMsOf(int i) { return i == 0 ? 0 : 25 * i; }
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+bool WriteAll(int fd, const std::string& out) {
+  size_t off = 0;
+  while (off < out.size()) {
+    ssize_t w = ::write(fd, out.data() + off, out.size() - off);
+    if (w <= 0) return false;
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// One tenant process: a buffer of `mib` MiB with known contents; each round bumps every word
+// LaunchesOf(i) times (one launch + clFinish each), reads the whole buffer back and checks it
+// against the CPU's copy, then thinks. Writes "rounds mismatched_rounds seconds" and exits 0
+// when every round matched.
+int TenantMain(int i, int mib, int rounds, int ready_fd, int start_fd) {
+  cl_platform_id platform;
+  cl_uint np = 0;
+  if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
+  cl_device_id dev;
+  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr) != CL_SUCCESS) return 11;
+  cl_int err = CL_SUCCESS;
+  cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
+  if (ctx == nullptr) return 12;
+  cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+  cl_program p = clCreateProgramWithSource(ctx, 1, &kBump, nullptr, &err);
+  if (q == nullptr || p == nullptr) return 13;
+  if (cl_int b = clBuildProgram(p, 1, &dev, "", nullptr, nullptr); b != CL_SUCCESS) {
+    char log[2048] = {};
+    clGetProgramBuildInfo(p, dev, CL_PROGRAM_BUILD_LOG, sizeof(log) - 1, log, nullptr);
+    std::fprintf(stderr, "gmux demo memory: tenant %d: clBuildProgram -> %d\n%s\n", i, b, log);
+    return 13;
+  }
+  cl_kernel k = clCreateKernel(p, "bump", &err);
+  if (k == nullptr) return 14;
+  const size_t words = static_cast<size_t>(mib) * (1u << 20) / 4;
+  std::vector<cl_uint> expect(words), back(words);
+  for (size_t w = 0; w < words; ++w) expect[w] = static_cast<cl_uint>(w * 2654435761u + i);
+  cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, words * 4,
+                              expect.data(), &err);
+  if (buf == nullptr) return 15;
+  if (clSetKernelArg(k, 0, sizeof(cl_mem), &buf) != CL_SUCCESS) return 16;
+  if (!WriteAll(ready_fd, "r")) return 17;
+  char c = 0;
+  if (::read(start_fd, &c, 1) != 1) return 18;
+  const auto t0 = Clock::now();
+  int bad = 0;
+  for (int r = 0; r < rounds; ++r) {
+    for (int l = 0; l < LaunchesOf(i); ++l) {
+      if (clEnqueueNDRangeKernel(q, k, 1, nullptr, &words, nullptr, 0, nullptr, nullptr) !=
+              CL_SUCCESS ||
+          clFinish(q) != CL_SUCCESS) {
+        return 19;
+      }
+    }
+    for (auto& e : expect) e += static_cast<cl_uint>(LaunchesOf(i));
+    if (clEnqueueReadBuffer(q, buf, CL_TRUE, 0, words * 4, back.data(), 0, nullptr, nullptr) !=
+        CL_SUCCESS) {
+      return 21;
+    }
+    if (back != expect) ++bad;
+    std::this_thread::sleep_for(std::chrono::milliseconds(ThinkMsOf(i)));
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  WriteAll(ready_fd, " " + std::to_string(rounds) + " " + std::to_string(bad) + " " +
+                         std::to_string(secs));
+  clReleaseMemObject(buf);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  clReleaseCommandQueue(q);
+  clReleaseContext(ctx);
+  return bad == 0 ? 0 : 20;
+}
+
+// The device's own copy bandwidth, for the swap bandwidth to be read against: a blocking read
+// and a blocking write of `bytes` on the first platform that is not gmux, in GB/s (0 if none).
+double NativeCopyGbps(size_t bytes) {
+  cl_uint n = 0;
+  if (clGetPlatformIDs(0, nullptr, &n) != CL_SUCCESS || n == 0) return 0;
+  std::vector<cl_platform_id> ps(n);
+  clGetPlatformIDs(n, ps.data(), nullptr);
+  for (cl_platform_id p : ps) {
+    char name[256] = {};
+    clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof(name) - 1, name, nullptr);
+    if (std::string(name).find("gmux") != std::string::npos) continue;
+    cl_device_id dev;
+    if (clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr) != CL_SUCCESS) continue;
+    cl_int err = CL_SUCCESS;
+    cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
+    if (ctx == nullptr) continue;
+    cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+    std::vector<uint8_t> host(bytes, 1);
+    cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    double best = 0;
+    for (int rep = 0; rep < 3 && m != nullptr && q != nullptr; ++rep) {
+      auto t0 = Clock::now();
+      clEnqueueWriteBuffer(q, m, CL_TRUE, 0, bytes, host.data(), 0, nullptr, nullptr);
+      clEnqueueReadBuffer(q, m, CL_TRUE, 0, bytes, host.data(), 0, nullptr, nullptr);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s > 0) best = std::max(best, 2.0 * static_cast<double>(bytes) / s / 1e9);
+    }
+    if (m != nullptr) clReleaseMemObject(m);
+    if (q != nullptr) clReleaseCommandQueue(q);
+    clReleaseContext(ctx);
+    return best;
+  }
+  return 0;
+}
+
+struct Paths {
+  std::string gmuxd, icd;
+};
+
+bool WaitForSocket(const std::string& socket, pid_t daemon) {
+  for (int i = 0; i < 3000; ++i) {
+    if (std::filesystem::exists(socket)) return true;
+    int st;
+    if (::waitpid(daemon, &st, WNOHANG) == daemon) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+json RunOne(const Paths& paths, const std::string& policy, const DemoMemoryOptions& o) {
+  char tmpl[] = "/tmp/gmux-mem-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return json{{"error", "mkdtemp failed"}};
+  std::string dir = tmpl, socket = dir + "/gmuxd.sock", vendors = dir + "/vendors";
+  ::chmod(tmpl, 0755);
+  std::filesystem::create_directories(vendors);
+  ::chmod(vendors.c_str(), 0755);
+  std::ofstream(vendors + "/gmux.icd") << paths.icd << "\n";
+  ::chmod((vendors + "/gmux.icd").c_str(), 0644);
+  const bool root = ::getuid() == 0;
+  {
+    std::ofstream cfg(dir + "/gmux.toml");
+    cfg << "[daemon]\nsocket = \"" << socket << "\"\ninflight_per_device = 2\nmemory_bytes = \""
+        << o.capacity << "\"\nmemory_slots = \"" << policy << "\"\nslot_bytes = \"" << o.slot
+        << "\"\n\n[scheduler]\npolicy = \"fifo\"\n\n";
+    for (int i = 0; i < o.tenants; ++i) {
+      cfg << "[[tenant]]\nname = \"t" << i << "\"\nuids = [" << (root ? 60201 + i : ::getuid())
+          << "]\n\n";
+    }
+  }
+  pid_t daemon = ::fork();
+  if (daemon == 0) {
+    int devnull = ::open("/dev/null", O_WRONLY);
+    if (devnull >= 0) ::dup2(devnull, 2);
+    ::execl(paths.gmuxd.c_str(), paths.gmuxd.c_str(), "--config", (dir + "/gmux.toml").c_str(),
+            "--exit-after", "1800", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  auto cleanup = [&] {
+    ::kill(daemon, SIGTERM);
+    int st;
+    ::waitpid(daemon, &st, 0);
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  };
+  if (!WaitForSocket(socket, daemon)) {
+    cleanup();
+    return json{{"error", "gmuxd did not start (is the configuration valid?)"}};
+  }
+  struct Kid {
+    pid_t pid;
+    int up, down;
+  };
+  std::vector<Kid> kids;
+  for (int i = 0; i < o.tenants; ++i) {
+    int up[2], down[2];
+    if (::pipe(up) != 0 || ::pipe(down) != 0) return json{{"error", "pipe failed"}};
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(up[0]);
+      ::close(down[1]);
+      if (root) {
+        uid_t uid = static_cast<uid_t>(60201 + i);
+        if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(3);
+      }
+      ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
+      ::setenv("GMUX_SOCKET", socket.c_str(), 1);
+      ::_exit(TenantMain(i, o.mib, o.rounds, up[1], down[0]));
+    }
+    ::close(up[1]);
+    ::close(down[0]);
+    kids.push_back({pid, up[0], down[1]});
+  }
+  bool ok = true;
+  for (auto& k : kids) {
+    char c = 0;
+    ok = ok && ::read(k.up, &c, 1) == 1 && c == 'r';
+  }
+  const auto t0 = Clock::now();
+  for (auto& k : kids) {
+    char c = 's';
+    ok = ok && ::write(k.down, &c, 1) == 1;
+  }
+  json result;
+  json tenants = json::array();
+  for (int i = 0; i < o.tenants; ++i) {
+    std::string out;
+    char buf[256];
+    ssize_t n;
+    while ((n = ::read(kids[i].up, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    ::close(kids[i].up);
+    ::close(kids[i].down);
+    int st = 0;
+    ::waitpid(kids[i].pid, &st, 0);
+    int rounds = 0, bad = -1;
+    double secs = 0;
+    std::stringstream(out) >> rounds >> bad >> secs;
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+      ok = false;
+      result["error"] = "tenant t" + std::to_string(i) + " failed (exit " +
+                        std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) +
+                        (bad > 0 ? ", results differed from the CPU's" : "") + ")";
+    }
+    tenants.push_back(json{{"name", "t" + std::to_string(i)},
+                           {"mib", o.mib},
+                           {"launches_per_round", LaunchesOf(i)},
+                           {"think_ms", ThinkMsOf(i)},
+                           {"rounds", rounds},
+                           {"rounds_wrong", bad},
+                           {"seconds", secs}});
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  json status = json::object();
+  if (auto s = QuerySchedulerStatus(socket); s.ok()) {
+    status = json::parse(*s, nullptr, false);
+    if (status.is_discarded()) status = json::object();
+  }
+  cleanup();
+  if (!ok && !result.contains("error")) result["error"] = "a tenant did not start";
+  json slots;
+  if (status.contains("devices") && !status["devices"].empty()) {
+    slots = status["devices"][0].value("slots", json());
+  }
+  if (!slots.is_object()) {
+    if (!result.contains("error")) result["error"] = "no slots in gmux status";
+    return result;
+  }
+  for (auto& t : tenants) {
+    if (!status.contains("tenants")) break;
+    for (const auto& st : status["tenants"]) {
+      if (st.value("name", std::string()) == t["name"]) t["swap"] = st.value("swap", json());
+    }
+  }
+  result["policy"] = policy;
+  result["wall_s"] = wall;
+  result["slots"] = slots;
+  result["tenants"] = tenants;
+  const double moved = static_cast<double>(slots.value("bytes_out", uint64_t{0}) +
+                                           slots.value("bytes_in", uint64_t{0}));
+  const double swap_s = slots.value("swap_out_s", 0.0) + slots.value("swap_in_s", 0.0);
+  result["swap_gbps"] = swap_s > 0 ? moved / swap_s / 1e9 : 0.0;
+  return result;
+}
+
+}  // namespace
+
+int RunDemoMemory(const DemoMemoryOptions& o) {
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+  Paths paths{(exe.parent_path() / "gmuxd").string(),
+              (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string()};
+  if (!std::filesystem::exists(paths.gmuxd) || !std::filesystem::exists(paths.icd)) {
+    std::cerr << "gmux demo memory: needs " << paths.gmuxd << " and " << paths.icd
+              << " (build the gmuxd and gmux-icd targets)\n";
+    return 2;
+  }
+  const std::vector<std::string> policies = SplitList(o.policies);
+  for (const std::string& p : policies) {
+    if (p != "baseline" && p != "size" && p != "utilization") {
+      std::cerr << "gmux demo memory: unknown policy '" << p
+                << "' (known: baseline, size, utilization)\n";
+      return 2;
+    }
+  }
+  if (::getuid() != 0 && !o.json) {
+    std::cerr << "(not root: every tenant process runs as the caller's uid and so is one tenant,"
+                 " which must fit the capacity alone; run as root for the experiment)\n";
+  }
+  json runs = json::array();
+  int failures = 0;
+  for (const std::string& p : policies) {
+    if (!o.json) std::cerr << "running " << p << " ...\n";
+    json r = RunOne(paths, p, o);
+    if (r.contains("error")) {
+      ++failures;
+      std::cerr << "gmux demo memory: " << p << ": " << r["error"].get<std::string>() << "\n";
+    }
+    runs.push_back(std::move(r));
+  }
+  // Measured here in this process, after the runs: tenants are forked from it, and a loader
+  // and platform opened before a fork do not work in the child.
+  const double copy_gbps = NativeCopyGbps(static_cast<size_t>(std::min(o.mib, 256)) << 20);
+  json out{{"capacity", o.capacity},
+           {"slot_bytes", o.slot},
+           {"tenants", o.tenants},
+           {"mib_per_tenant", o.mib},
+           {"rounds", o.rounds},
+           {"device_copy_gbps", copy_gbps},
+           {"runs", runs}};
+  if (o.json) {
+    std::cout << out.dump(1) << "\n";
+    return failures == 0 ? 0 : 1;
+  }
+  std::printf("gmux demo memory: %d tenants x %d MiB on %s managed (slots of %s), %d rounds each,\n"
+              "every result checked against the CPU; device copy bandwidth %.2f GB/s\n\n",
+              o.tenants, o.mib, o.capacity.c_str(), o.slot.c_str(), o.rounds, copy_gbps);
+  std::printf("%-12s %11s %8s %8s %9s %8s %8s %9s %8s %7s\n", "policy", "slot copies",
+              "evict", "restore", "GiB out", "GiB in", "swap s", "swap GB/s", "x copy",
+              "wrong");
+  for (const json& r : runs) {
+    if (!r.contains("slots")) {
+      std::printf("%-12s  failed: %s\n", r.value("policy", std::string("?")).c_str(),
+                  r.value("error", std::string()).c_str());
+      continue;
+    }
+    const json& s = r["slots"];
+    int wrong = 0;
+    for (const auto& t : r["tenants"]) wrong += std::max(0, t.value("rounds_wrong", 0));
+    const double gbps = r.value("swap_gbps", 0.0);
+    std::printf("%-12s %11lld %8lld %8lld %9.2f %8.2f %8.2f %9.2f %8.2f %7d\n",
+                r.value("policy", std::string()).c_str(),
+                static_cast<long long>(s.value("slot_copies", int64_t{0})),
+                static_cast<long long>(s.value("evictions", int64_t{0})),
+                static_cast<long long>(s.value("restores", int64_t{0})),
+                static_cast<double>(s.value("bytes_out", uint64_t{0})) / (1u << 30),
+                static_cast<double>(s.value("bytes_in", uint64_t{0})) / (1u << 30),
+                s.value("swap_out_s", 0.0) + s.value("swap_in_s", 0.0), gbps,
+                copy_gbps > 0 ? gbps / copy_gbps : 0.0, wrong);
+  }
+  std::printf("\nslot copies: DymGPU's count (slots copied in by switches and moves); evict and\n"
+              "restore: a tenant's whole data moved off the device and back, with the bytes and\n"
+              "time really spent; x copy: swap bandwidth over the device's own copy bandwidth.\n");
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace gmux::cli
