@@ -26,11 +26,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
@@ -1805,6 +1808,58 @@ TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderUtilizationSlots) {
   if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
   ExpectOversubscribedTenantsKeepTheirData(daemon_, "utilization");
   ExpectAlive("after oversubscribed tenants");
+}
+
+// Processes of `uid` whose command line names gmux-worker (the tenant's workers).
+int WorkersOf(uid_t uid) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename();
+    if (pid.empty() || !std::isdigit(static_cast<unsigned char>(pid[0]))) continue;
+    struct stat st{};
+    if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != uid) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    std::string line((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (line.find("gmux-worker") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+// A tenant killed while its data is off the device: its data lived only in its worker's
+// memory, the worker goes with the session, and nothing of it stays behind (no process of the
+// tenant, no shared memory file); the other tenant keeps running.
+TEST_F(IsolationTest, ATenantKilledWhileEvictedLeavesNothingBehind) {
+  if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(SlotsConfig("size")));
+  Child a = Spawn(194, 120, [](Channel& ch) -> int {
+    int e = OversubscribedTenant(ch, 3, 40, 1);  // sends 1, waits for Go that never comes
+    return e;
+  });
+  ASSERT_EQ(a.Receive(60s).value_or(-1), 1) << a.Wait(1s).Describe();
+  EXPECT_GE(WorkersOf(TenantUid(194)), 1);
+  Child b = Spawn(195, 120, [](Channel& ch) { return OversubscribedTenant(ch, 4, 40, 2); });
+  ASSERT_EQ(b.Receive(60s).value_or(-1), 1) << b.Wait(1s).Describe();
+  json slots = SlotsOf(json::parse(StatusJson(daemon_, -1), nullptr, false));
+  ASSERT_GT(slots.value("evictions", 0), 0) << "the first tenant was never moved off: "
+                                            << slots.dump();
+  a.Kill();
+  int left = 1;
+  for (int i = 0; i < 100 && left != 0; ++i) {
+    left = WorkersOf(TenantUid(194));
+    if (left != 0) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(left, 0) << "the killed tenant's worker (holding its evicted data) stayed";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    struct stat st{};
+    if (::stat(e.path().c_str(), &st) == 0) {
+      EXPECT_NE(st.st_uid, TenantUid(194)) << e.path() << " was left behind";
+    }
+  }
+  b.Go();
+  EXPECT_EQ(b.Receive(60s).value_or(-1), 1) << b.Wait(1s).Describe();
+  Outcome o = b.Wait(30s);
+  EXPECT_TRUE(o.ok()) << o.Describe();
+  ExpectAlive("after a tenant was killed while evicted");
 }
 
 // A tenant that stops using the device (DymGPU's idle rule, memory_idle_s) has its data moved
