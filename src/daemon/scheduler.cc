@@ -202,7 +202,15 @@ void Scheduler::OnMemReserve(Worker& w, const std::vector<ctl::MemReserve>& asks
     } else {
       used += a.bytes;
       d.mem_used += a.bytes;
-      if (d.slots) d.resident[w.tenant] = true;  // the new allocation is on the device
+      if (d.slots) {
+        // The new allocation is on the device; a tenant's first one gives it a place in the
+        // layout (a later change of size is placed again at its next release).
+        d.resident[w.tenant] = true;
+        if (!d.slots->Contains(w.tenant)) {
+          const int32_t need = SlotNeed(d, w.tenant);
+          if (d.slots->AddTenant(w.tenant, need, Now()).ok()) d.slot_need[w.tenant] = need;
+        }
+      }
       w.mem_held[a.device] += a.bytes;
       t.mem_peak[a.device] = std::max(t.mem_peak[a.device], used);
       ans.used = used;

@@ -291,7 +291,10 @@ json RunOne(const Paths& paths, const std::string& policy, const DemoMemoryOptio
   for (auto& t : tenants) {
     if (!status.contains("tenants")) break;
     for (const auto& st : status["tenants"]) {
-      if (st.value("name", std::string()) == t["name"]) t["swap"] = st.value("swap", json());
+      if (st.value("name", std::string()) != t["name"]) continue;
+      t["swap"] = st.value("swap", json());
+      t["device_time_s"] = st.value("device_time_s", 0.0);
+      t["commands"] = st.value("completed_commands", uint64_t{0});
     }
   }
   result["policy"] = policy;
