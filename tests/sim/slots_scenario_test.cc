@@ -195,5 +195,15 @@ TEST(SlotsScenarioTest, SameWorkloadSizeBasedBeatsBaselineWhenSizesDiffer) {
   EXPECT_EQ(Summary(j, 1, "utilization"), Summary(j, 1, "size"));
 }
 
+// The runtime demo's mirror: four tenants of 7 slots on 16, every policy oversubscribed, so
+// every policy copies, and more than the 28 slots of one placement each.
+TEST(SlotsScenarioTest, DemoMemoryMirrorCopiesUnderEveryPolicy) {
+  auto out = RunScenarioFile(kSource + "/scenarios/dymgpu-demo-memory.toml");
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  for (const char* policy : {"baseline", "size", "utilization"}) {
+    EXPECT_GT(Summary(out->json, 1, policy), 28.0) << policy;
+  }
+}
+
 }  // namespace
 }  // namespace gmux::sim
