@@ -26,6 +26,7 @@
 
 #include "core/metrics.h"
 #include "core/policy.h"
+#include "demo_common.h"
 #include "status.h"
 
 namespace gmux::cli {
@@ -130,16 +131,6 @@ std::vector<Setup> AllSetups() {
   return {ky, eq, w, c211, ceq, small, open, unsplit, restored, eight};
 }
 
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string x;
-  while (std::getline(in, x, ',')) {
-    if (!x.empty()) out.push_back(x);
-  }
-  return out;
-}
-
 // "POLICY.KEY=VALUE" -> params[POLICY][KEY] = VALUE; the defaults first, then `given`, each
 // checked by building the policy it names.
 Result<std::map<std::string, std::map<std::string, double>>> ParsePolicyParams(
@@ -198,16 +189,6 @@ int OpenTenantCl(const char* source, const char* name, TenantCl& cl) {
   if (clBuildProgram(cl.p, 1, &cl.dev, "", nullptr, nullptr) != CL_SUCCESS) return 13;
   cl.k = clCreateKernel(cl.p, name, &err);
   return err == CL_SUCCESS ? 0 : 14;
-}
-
-bool WriteAll(int fd, const std::string& out) {
-  size_t off = 0;
-  while (off < out.size()) {
-    ssize_t w = ::write(fd, out.data() + off, out.size() - off);
-    if (w <= 0) return false;
-    off += static_cast<size_t>(w);
-  }
-  return true;
 }
 
 // One tenant process: builds its program, reports "ready", waits for the start byte, then keeps
@@ -376,20 +357,6 @@ int SpinTenantMain(const TenantSpec& t, int depth, double run_s, int ready_fd, i
   return 0;
 }
 
-struct Paths {
-  std::string gmuxd, icd;
-};
-
-bool WaitForSocket(const std::string& socket, pid_t daemon) {
-  for (int i = 0; i < 3000; ++i) {
-    if (std::filesystem::exists(socket)) return true;
-    int st;
-    if (::waitpid(daemon, &st, WNOHANG) == daemon) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 json Snapshot(const std::string& socket) {
   auto s = QuerySchedulerStatus(socket);
   if (!s.ok()) return json::object();
@@ -407,57 +374,32 @@ const json* FindTenant(const json& snap, const std::string& name) {
 
 // One run: a gmuxd with `policy`, the setup's tenants; returns the run's JSON (or an error
 // object with "error").
-json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
+json RunOne(const DemoPaths& paths, const Setup& setup, const std::string& policy,
             const std::map<std::string, double>& params, const DemoFairnessOptions& o) {
-  char tmpl[] = "/tmp/gmux-fair-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return json{{"error", "mkdtemp failed"}};
-  std::string dir = tmpl, socket = dir + "/gmuxd.sock", vendors = dir + "/vendors";
-  ::chmod(tmpl, 0755);
-  std::filesystem::create_directories(vendors);
-  ::chmod(vendors.c_str(), 0755);
-  std::ofstream(vendors + "/gmux.icd") << paths.icd << "\n";
-  ::chmod((vendors + "/gmux.icd").c_str(), 0644);
+  DemoDaemon daemon;
+  if (!daemon.Prepare("gmux-fair", paths)) return json{{"error", "cannot make a temp dir"}};
+  const std::string socket = daemon.socket(), vendors = daemon.vendors();
   const bool root = ::getuid() == 0;
-  {
-    std::ofstream cfg(dir + "/gmux.toml");
-    cfg << "[daemon]\nsocket = \"" << socket << "\"\ninflight_per_device = " << o.inflight
-        << "\n\n[scheduler]\npolicy = \"" << policy << "\"\n\n";
-    if (!params.empty()) {
-      cfg << "[scheduler.params]\n";
-      char num[64];
-      for (const auto& [k, v] : params) {
-        std::snprintf(num, sizeof(num), "%.17g", v);
-        // TOML floats need a '.' or exponent only when not integral; integers parse as numbers.
-        cfg << k << " = " << num << "\n";
-      }
-      cfg << "\n";
+  std::ostringstream cfg;
+  cfg << "inflight_per_device = " << o.inflight << "\n\n[scheduler]\npolicy = \"" << policy
+      << "\"\n\n";
+  if (!params.empty()) {
+    cfg << "[scheduler.params]\n";
+    char num[64];
+    for (const auto& [k, v] : params) {
+      std::snprintf(num, sizeof(num), "%.17g", v);
+      // TOML floats need a '.' or exponent only when not integral; integers parse as numbers.
+      cfg << k << " = " << num << "\n";
     }
-    for (size_t i = 0; i < setup.tenants.size(); ++i) {
-      cfg << "[[tenant]]\nname = \"" << setup.tenants[i].name
-          << "\"\nweight = " << setup.tenants[i].weight << "\nuids = ["
-          << (root ? 60101 + i : ::getuid()) << "]\n\n";
-    }
+    cfg << "\n";
   }
-  pid_t daemon = ::fork();
-  if (daemon == 0) {
-    int devnull = ::open("/dev/null", O_WRONLY);
-    if (devnull >= 0) ::dup2(devnull, 2);
-    ::execl(paths.gmuxd.c_str(), paths.gmuxd.c_str(), "--config", (dir + "/gmux.toml").c_str(),
-            "--exit-after", "900", static_cast<char*>(nullptr));
-    ::_exit(127);
+  for (size_t i = 0; i < setup.tenants.size(); ++i) {
+    cfg << "[[tenant]]\nname = \"" << setup.tenants[i].name
+        << "\"\nweight = " << setup.tenants[i].weight << "\nuids = ["
+        << (root ? 60101 + i : ::getuid()) << "]\n\n";
   }
   json result;
-  auto cleanup = [&] {
-    ::kill(daemon, SIGTERM);
-    int st;
-    ::waitpid(daemon, &st, 0);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  };
-  if (!WaitForSocket(socket, daemon)) {
-    cleanup();
-    return json{{"error", "gmuxd did not start"}};
-  }
+  if (!daemon.Start(cfg.str(), 900)) return json{{"error", "gmuxd did not start"}};
   const double run_s = o.warmup_s + o.window_s + 0.5;
   struct Kid {
     pid_t pid;
@@ -515,7 +457,7 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
                         std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + ")";
     }
   }
-  cleanup();
+  daemon.Stop();
   if (!ok) {
     if (!result.contains("error")) result["error"] = "a tenant did not start";
     return result;
@@ -594,14 +536,8 @@ json RunOne(const Paths& paths, const Setup& setup, const std::string& policy,
 }  // namespace
 
 int RunDemoFairness(const DemoFairnessOptions& o) {
-  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
-  Paths paths{(exe.parent_path() / "gmuxd").string(),
-              (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string()};
-  if (!std::filesystem::exists(paths.gmuxd) || !std::filesystem::exists(paths.icd)) {
-    std::cerr << "gmux demo fairness: needs " << paths.gmuxd << " and " << paths.icd
-              << " (build the gmuxd and gmux-icd targets)\n";
-    return 2;
-  }
+  DemoPaths paths;
+  if (!paths.Find("gmux demo fairness")) return 2;
   std::vector<std::string> policies = SplitList(o.policies), wanted = SplitList(o.setups);
   auto params = ParsePolicyParams(o.params);
   if (!params.ok()) {

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "demo_common.h"
 #include "status.h"
 
 namespace gmux::cli {
@@ -38,26 +39,6 @@ __kernel void bump(__global uint* a) { a[get_global_id(0)] += 1u; }
 // differently (what the utilization policy places by).
 int LaunchesOf(int i) { return std::max(1, 4 - i); }
 int ThinkMsOf(int i) { return i == 0 ? 0 : 25 * i; }
-
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-bool WriteAll(int fd, const std::string& out) {
-  size_t off = 0;
-  while (off < out.size()) {
-    ssize_t w = ::write(fd, out.data() + off, out.size() - off);
-    if (w <= 0) return false;
-    off += static_cast<size_t>(w);
-  }
-  return true;
-}
 
 // One tenant process: a buffer of `mib` MiB with known contents; each round bumps every word
 // LaunchesOf(i) times (one launch + clFinish each), reads the whole buffer back and checks it
@@ -157,57 +138,19 @@ double NativeCopyGbps(size_t bytes) {
   return 0;
 }
 
-struct Paths {
-  std::string gmuxd, icd;
-};
-
-bool WaitForSocket(const std::string& socket, pid_t daemon) {
-  for (int i = 0; i < 3000; ++i) {
-    if (std::filesystem::exists(socket)) return true;
-    int st;
-    if (::waitpid(daemon, &st, WNOHANG) == daemon) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
-json RunOne(const Paths& paths, const std::string& policy, const DemoMemoryOptions& o) {
-  char tmpl[] = "/tmp/gmux-mem-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return json{{"error", "mkdtemp failed"}};
-  std::string dir = tmpl, socket = dir + "/gmuxd.sock", vendors = dir + "/vendors";
-  ::chmod(tmpl, 0755);
-  std::filesystem::create_directories(vendors);
-  ::chmod(vendors.c_str(), 0755);
-  std::ofstream(vendors + "/gmux.icd") << paths.icd << "\n";
-  ::chmod((vendors + "/gmux.icd").c_str(), 0644);
+json RunOne(const DemoPaths& paths, const std::string& policy, const DemoMemoryOptions& o) {
+  DemoDaemon daemon;
+  if (!daemon.Prepare("gmux-mem", paths)) return json{{"error", "cannot make a temp dir"}};
+  const std::string socket = daemon.socket(), vendors = daemon.vendors();
   const bool root = ::getuid() == 0;
-  {
-    std::ofstream cfg(dir + "/gmux.toml");
-    cfg << "[daemon]\nsocket = \"" << socket << "\"\ninflight_per_device = 2\nmemory_bytes = \""
-        << o.capacity << "\"\nmemory_slots = \"" << policy << "\"\nslot_bytes = \"" << o.slot
-        << "\"\n\n[scheduler]\npolicy = \"fifo\"\n\n";
-    for (int i = 0; i < o.tenants; ++i) {
-      cfg << "[[tenant]]\nname = \"t" << i << "\"\nuids = [" << (root ? 60201 + i : ::getuid())
-          << "]\n\n";
-    }
+  std::ostringstream cfg;
+  cfg << "inflight_per_device = 2\nmemory_bytes = \"" << o.capacity << "\"\nmemory_slots = \""
+      << policy << "\"\nslot_bytes = \"" << o.slot << "\"\n\n[scheduler]\npolicy = \"fifo\"\n\n";
+  for (int i = 0; i < o.tenants; ++i) {
+    cfg << "[[tenant]]\nname = \"t" << i << "\"\nuids = [" << (root ? 60201 + i : ::getuid())
+        << "]\n\n";
   }
-  pid_t daemon = ::fork();
-  if (daemon == 0) {
-    int devnull = ::open("/dev/null", O_WRONLY);
-    if (devnull >= 0) ::dup2(devnull, 2);
-    ::execl(paths.gmuxd.c_str(), paths.gmuxd.c_str(), "--config", (dir + "/gmux.toml").c_str(),
-            "--exit-after", "1800", static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  auto cleanup = [&] {
-    ::kill(daemon, SIGTERM);
-    int st;
-    ::waitpid(daemon, &st, 0);
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  };
-  if (!WaitForSocket(socket, daemon)) {
-    cleanup();
+  if (!daemon.Start(cfg.str(), 1800)) {
     return json{{"error", "gmuxd did not start (is the configuration valid?)"}};
   }
   struct Kid {
@@ -278,7 +221,7 @@ json RunOne(const Paths& paths, const std::string& policy, const DemoMemoryOptio
     status = json::parse(*s, nullptr, false);
     if (status.is_discarded()) status = json::object();
   }
-  cleanup();
+  daemon.Stop();
   if (!ok && !result.contains("error")) result["error"] = "a tenant did not start";
   json slots;
   if (status.contains("devices") && !status["devices"].empty()) {
@@ -311,14 +254,8 @@ json RunOne(const Paths& paths, const std::string& policy, const DemoMemoryOptio
 }  // namespace
 
 int RunDemoMemory(const DemoMemoryOptions& o) {
-  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
-  Paths paths{(exe.parent_path() / "gmuxd").string(),
-              (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string()};
-  if (!std::filesystem::exists(paths.gmuxd) || !std::filesystem::exists(paths.icd)) {
-    std::cerr << "gmux demo memory: needs " << paths.gmuxd << " and " << paths.icd
-              << " (build the gmuxd and gmux-icd targets)\n";
-    return 2;
-  }
+  DemoPaths paths;
+  if (!paths.Find("gmux demo memory")) return 2;
   const std::vector<std::string> policies = SplitList(o.policies);
   for (const std::string& p : policies) {
     if (p != "baseline" && p != "size" && p != "utilization") {

@@ -1,0 +1,108 @@
+#include "demo_common.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+namespace gmux::cli {
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string x;
+  while (std::getline(in, x, ',')) {
+    if (!x.empty()) out.push_back(x);
+  }
+  return out;
+}
+
+bool WriteAll(int fd, const std::string& out) {
+  size_t off = 0;
+  while (off < out.size()) {
+    ssize_t w = ::write(fd, out.data() + off, out.size() - off);
+    if (w <= 0) return false;
+    off += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool DemoPaths::Find(const char* tool) {
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+  gmuxd = (exe.parent_path() / "gmuxd").string();
+  icd = (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string();
+  if (std::filesystem::exists(gmuxd) && std::filesystem::exists(icd)) return true;
+  std::cerr << tool << ": needs " << gmuxd << " and " << icd
+            << " (build the gmuxd and gmux-icd targets)\n";
+  return false;
+}
+
+bool DemoDaemon::Prepare(const std::string& prefix, const DemoPaths& paths) {
+  paths_ = paths;
+  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return false;
+  dir_ = tmpl;
+  socket_ = dir_ + "/gmuxd.sock";
+  vendors_ = dir_ + "/vendors";
+  ::chmod(dir_.c_str(), 0755);
+  std::error_code ec;
+  std::filesystem::create_directories(vendors_, ec);
+  if (ec) return false;
+  ::chmod(vendors_.c_str(), 0755);
+  std::ofstream(vendors_ + "/gmux.icd") << paths_.icd << "\n";
+  ::chmod((vendors_ + "/gmux.icd").c_str(), 0644);
+  return true;
+}
+
+bool DemoDaemon::Start(const std::string& config, int exit_after_s) {
+  const std::string file = dir_ + "/gmux.toml";
+  {
+    std::ofstream cfg(file);
+    cfg << "[daemon]\nsocket = \"" << socket_ << "\"\n" << config;
+  }
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    int devnull = ::open("/dev/null", O_WRONLY);
+    if (devnull >= 0) ::dup2(devnull, 2);
+    const std::string after = std::to_string(exit_after_s);
+    ::execl(paths_.gmuxd.c_str(), paths_.gmuxd.c_str(), "--config", file.c_str(), "--exit-after",
+            after.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  if (pid_ < 0) return false;
+  for (int i = 0; i < 3000; ++i) {
+    if (std::filesystem::exists(socket_)) return true;
+    int st;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+void DemoDaemon::Stop() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGTERM);
+    int st;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+  }
+  if (!dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+    dir_.clear();
+  }
+}
+
+}  // namespace gmux::cli
