@@ -38,9 +38,10 @@ Residency::Residency(const cl_icd_dispatch& cl, std::vector<cl_device_id> device
 Residency::~Residency() { Clear(); }
 
 void Residency::Clear() {
-  std::vector<std::shared_ptr<Allocation>> gone;
+  std::list<std::shared_ptr<Allocation>> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    candidates_.clear();
     gone.swap(all_);
   }
   // Released in reverse creation order (dependents first), outside the lock.
@@ -48,33 +49,45 @@ void Residency::Clear() {
 }
 
 std::shared_ptr<Residency::Allocation> Residency::AddLocked(Allocation a) {
-  Collect();
   auto p = std::make_shared<Allocation>(std::move(a));
   p->resident = true;
-  all_.push_back(p);
+  p->self = all_.insert(all_.end(), p);
   return p;
 }
 
-void Residency::ReleasedLocked() {
+void Residency::ReleasedLocked(Allocation* a) {
+  if (a != nullptr && !a->candidate) {
+    a->candidate = true;
+    candidates_.push_back(a);
+  }
   Collect();
-  collect_pending_ = true;
+  if (!candidates_.empty()) collect_pending_ = true;
 }
 
 void Residency::CollectIfPending() {
   if (!collect_pending_.load(std::memory_order_relaxed)) return;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
-  collect_pending_ = false;
   Collect();
+  collect_pending_ = !candidates_.empty();
 }
 
 void Residency::Collect() {
-  // Newest first, so that a dependent goes before what it lies in (the dependent holds a
-  // reference to its parent's Allocation, which keeps the parent's count above one).
-  for (size_t i = all_.size(); i-- > 0;) {
-    const auto& a = all_[i];
-    if (a.use_count() == 1 && a->mem.use_count() == 1) {
-      all_.erase(all_.begin() + static_cast<std::ptrdiff_t>(i));
+  // A dependent going can make what it lay in collectable (it held its parent's Allocation):
+  // passes until nothing more goes (at most the depth of dependents, two).
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t i = 0; i < candidates_.size();) {
+      Allocation* a = candidates_[i];
+      // Only the registry holds it, and only it holds the object: nobody can use it any more.
+      if (a->self->use_count() != 1 || a->mem.use_count() != 1) {
+        ++i;
+        continue;
+      }
+      candidates_[i] = candidates_.back();
+      candidates_.pop_back();
+      all_.erase(a->self);
+      progress = true;
     }
   }
 }
@@ -191,8 +204,8 @@ Residency::Moved Residency::Evict(uint32_t device) {
   std::lock_guard<std::mutex> lock(mu_);
   Collect();
   // Newest first: dependents are released before what they lie in.
-  for (size_t i = all_.size(); i-- > 0;) {
-    Allocation& a = *all_[i];
+  for (auto it = all_.rbegin(); it != all_.rend(); ++it) {
+    Allocation& a = **it;
     if (!a.resident || !OnDevice(a, device)) continue;
     cl_int err = SaveAndRelease(a, device);
     if (err != CL_SUCCESS) {

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -61,6 +62,9 @@ class Residency {
     std::unique_ptr<uint8_t[]> store;
     uint64_t store_bytes = 0;
     bool resident = true;
+    // The registry's own entry, and whether it waits to be collected.
+    std::list<std::shared_ptr<Allocation>>::iterator self{};
+    bool candidate = false;
   };
 
   // What one Evict() or Restore() did.
@@ -83,9 +87,10 @@ class Residency {
   // nothing but the registry refers to it or its object (the application released it and no
   // command holds it), then releases it (Collect).
   std::shared_ptr<Allocation> AddLocked(Allocation a);
-  // The session released an object: collect what is unused now (Lock() held), and again on the
-  // loop thread after commands that held it completed (CollectIfPending).
-  void ReleasedLocked();
+  // The session released `a`'s object (its own reference is gone): collect what is unused now
+  // (Lock() held), and again on the loop thread after commands that held it completed
+  // (CollectIfPending). Only released allocations and what they lie in are looked at.
+  void ReleasedLocked(Allocation* a);
   void CollectIfPending();
   // Drops every allocation (the session ends; commands still holding objects keep them).
   void Clear();
@@ -114,12 +119,13 @@ class Residency {
   // Lock held.
   cl_int SaveAndRelease(Allocation& a, uint32_t device);
   cl_int Make(Allocation& a);
-  void Collect();  // drops registry entries nothing else refers to
+  void Collect();  // drops the candidates nothing else refers to any more
 
   const cl_icd_dispatch& cl_;
   const std::vector<cl_device_id> devices_;
   mutable std::mutex mu_;
-  std::vector<std::shared_ptr<Allocation>> all_;  // in creation order
+  std::list<std::shared_ptr<Allocation>> all_;  // in creation order
+  std::vector<Allocation*> candidates_;         // released, maybe still used by commands
   std::unique_ptr<std::atomic<bool>[]> evicted_;   // per device: something there is evicted
   std::atomic<bool> collect_pending_{false};
   Totals totals_;

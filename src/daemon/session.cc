@@ -1036,8 +1036,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         case wire::ObjectKind::QUEUE: n = queues_.erase(r.getId()); break;
         case wire::ObjectKind::MEM: {
           auto lock = residency_->Lock();
-          n = mems_.erase(r.getId());
-          residency_->ReleasedLocked();
+          auto it = mems_.find(r.getId());
+          if (it == mems_.end()) break;
+          Residency::Allocation* a = it->second.alloc.get();
+          mems_.erase(it);
+          n = 1;
+          residency_->ReleasedLocked(a);
           break;
         }
         case wire::ObjectKind::PROGRAM: n = programs_.erase(r.getId()); break;
