@@ -196,5 +196,20 @@ TEST(DaemonConfigTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadDaemonConfig("/nonexistent/gmux.toml").status().code(), StatusCode::kNotFound);
 }
 
+// The example every operator starts from parses, and says what the defaults are.
+TEST(DaemonConfigTest, TheExampleConfigParsesWithTheDefaults) {
+  auto o = LoadDaemonConfig(std::string(GMUX_SOURCE_DIR) + "/config/gmuxd.example.toml");
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  auto none = ParseDaemonConfig("", "g.toml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(o->memory_slots, none->memory_slots);
+  EXPECT_EQ(o->slot_bytes, none->slot_bytes);
+  EXPECT_EQ(o->memory_idle_s, none->memory_idle_s);
+  EXPECT_EQ(o->memory_bytes, none->memory_bytes);
+  EXPECT_EQ(o->limits.memory_quota, none->limits.memory_quota);
+  EXPECT_EQ(o->express_dispatch, none->express_dispatch);
+  EXPECT_EQ(o->inflight_per_device, none->inflight_per_device);
+}
+
 }  // namespace
 }  // namespace gmux::daemon
