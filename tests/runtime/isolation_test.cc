@@ -1882,6 +1882,9 @@ TEST_F(IsolationTest, AnIdleTenantsMemoryLeavesTheDeviceAndComesBack) {
   EXPECT_TRUE(o.ok()) << o.Describe();
   slots = SlotsOf(json::parse(StatusJson(daemon_, -1), nullptr, false));
   EXPECT_GT(slots.value("restores", 0), 0) << slots.dump();
+  // The table shows the layout and what moved.
+  const std::string table = StatusOutput(daemon_, -1, false);
+  EXPECT_NE(table.find("memory slots: size, 8 x 8 MiB;"), std::string::npos) << table;
   ExpectAlive("after an idle tenant's memory moved");
 }
 

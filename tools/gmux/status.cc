@@ -118,6 +118,21 @@ int RunStatus(const std::string& socket, bool json) {
                 d.value("queued_commands", 0),
                 static_cast<unsigned long long>(d.value("dispatches", uint64_t{0})),
                 express.c_str());
+    // Oversubscribed memory (docs/operations.md, "Oversubscription").
+    if (d.contains("slots") && d["slots"].is_object()) {
+      const auto& sl = d["slots"];
+      const double gib = 1024.0 * 1024.0 * 1024.0;
+      std::printf("  memory slots: %s, %d x %.0f MiB; %lld slot copies; %lld evictions, %lld "
+                  "restores; %.2f GiB out, %.2f GiB in, %.2f s moving\n",
+                  sl.value("policy", std::string("?")).c_str(), sl.value("slots", 0),
+                  static_cast<double>(sl.value("slot_bytes", uint64_t{0})) / (1024.0 * 1024.0),
+                  static_cast<long long>(sl.value("slot_copies", int64_t{0})),
+                  static_cast<long long>(sl.value("evictions", int64_t{0})),
+                  static_cast<long long>(sl.value("restores", int64_t{0})),
+                  static_cast<double>(sl.value("bytes_out", uint64_t{0})) / gib,
+                  static_cast<double>(sl.value("bytes_in", uint64_t{0})) / gib,
+                  sl.value("swap_out_s", 0.0) + sl.value("swap_in_s", 0.0));
+    }
   }
   std::printf("active tenants: %d\n", j.value("active_tenants", 0));
   // unsplit_s: device time of kernels that could not be cut into chunks (docs/operations.md).
