@@ -1708,6 +1708,11 @@ int OversubscribedTenant(Channel& ch, uint32_t seed, size_t mib, int rounds) {
                              pixels.data(), &err);
   if (img == nullptr) return 55;
   if (clSetKernelArg(k, 0, sizeof(cl_mem), &a) != CL_SUCCESS) return 56;
+  // A second kernel bound to the sub-buffer once: its argument must follow the sub-buffer
+  // through every move off the device and back.
+  cl_kernel k_half = clCreateKernel(p, "bump", &err);
+  if (k_half == nullptr || clSetKernelArg(k_half, 0, sizeof(cl_mem), &sub) != CL_SUCCESS) return 57;
+  const size_t half_words = words / 2;
   std::vector<cl_uint> back(words), back_half(words / 2);
   std::vector<uint8_t> back_pixels(pixels.size());
   auto run = [&](int n) -> int {
@@ -1718,6 +1723,14 @@ int OversubscribedTenant(Channel& ch, uint32_t seed, size_t mib, int rounds) {
         return 60;
       }
       for (auto& e : expect) ++e;
+      if (r % 2 == 1) {
+        if (clEnqueueNDRangeKernel(d.queue, k_half, 1, nullptr, &half_words, nullptr, 0, nullptr,
+                                   nullptr) != CL_SUCCESS ||
+            clFinish(d.queue) != CL_SUCCESS) {
+          return 65;
+        }
+        for (size_t w = half_words; w < words; ++w) ++expect[w];
+      }
       if (clEnqueueReadBuffer(d.queue, a, CL_TRUE, 0, words * 4, back.data(), 0, nullptr,
                               nullptr) != CL_SUCCESS) {
         return 61;
@@ -1745,6 +1758,7 @@ int OversubscribedTenant(Channel& ch, uint32_t seed, size_t mib, int rounds) {
   clReleaseMemObject(img);
   clReleaseMemObject(sub);
   clReleaseMemObject(a);
+  clReleaseKernel(k_half);
   clReleaseKernel(k);
   clReleaseProgram(p);
   return 0;
