@@ -1824,9 +1824,10 @@ TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderUtilizationSlots) {
   ExpectAlive("after oversubscribed tenants");
 }
 
-// Processes of `uid` whose command line names gmux-worker (the tenant's workers).
-int WorkersOf(uid_t uid) {
-  int n = 0;
+// The gmux-worker processes of `uid` (the tenant's session workers and spares) with their
+// resident memory in KiB.
+std::vector<std::pair<pid_t, long>> WorkersOf(uid_t uid) {
+  std::vector<std::pair<pid_t, long>> out;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string pid = e.path().filename();
     if (pid.empty() || !std::isdigit(static_cast<unsigned char>(pid[0]))) continue;
@@ -1834,9 +1835,23 @@ int WorkersOf(uid_t uid) {
     if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != uid) continue;
     std::ifstream cmd(e.path() / "cmdline");
     std::string line((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
-    if (line.find("gmux-worker") != std::string::npos) ++n;
+    if (line.find("gmux-worker") == std::string::npos) continue;
+    std::ifstream status(e.path() / "status");
+    long rss = 0;
+    for (std::string l; std::getline(status, l);) {
+      if (l.rfind("VmRSS:", 0) == 0) rss = std::atol(l.c_str() + 6);
+    }
+    out.emplace_back(static_cast<pid_t>(std::atol(pid.c_str())), rss);
   }
-  return n;
+  return out;
+}
+
+bool Running(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string l; std::getline(status, l);) {
+    if (l.rfind("State:", 0) == 0) return l.find('Z') == std::string::npos;  // a zombie is gone
+  }
+  return false;
 }
 
 // A tenant killed while its data is off the device: its data lived only in its worker's
@@ -1850,19 +1865,26 @@ TEST_F(IsolationTest, ATenantKilledWhileEvictedLeavesNothingBehind) {
     return e;
   });
   ASSERT_EQ(a.Receive(60s).value_or(-1), 1) << a.Wait(1s).Describe();
-  EXPECT_GE(WorkersOf(TenantUid(194)), 1);
   Child b = Spawn(195, 120, [](Channel& ch) { return OversubscribedTenant(ch, 4, 40, 2); });
   ASSERT_EQ(b.Receive(60s).value_or(-1), 1) << b.Wait(1s).Describe();
   json slots = SlotsOf(json::parse(StatusJson(daemon_, -1), nullptr, false));
   ASSERT_GT(slots.value("evictions", 0), 0) << "the first tenant was never moved off: "
                                             << slots.dump();
+  // Its session's worker holds its 44 MiB off the device: the tenant's largest worker (a spare
+  // started ahead for the uid holds none of it).
+  auto workers = WorkersOf(TenantUid(194));
+  ASSERT_FALSE(workers.empty());
+  const auto holder = *std::max_element(
+      workers.begin(), workers.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  EXPECT_GE(holder.second, 44 * 1024) << "the worker holding the evicted data";
   a.Kill();
-  int left = 1;
-  for (int i = 0; i < 100 && left != 0; ++i) {
-    left = WorkersOf(TenantUid(194));
-    if (left != 0) std::this_thread::sleep_for(50ms);
+  bool gone = false;
+  for (int i = 0; i < 600 && !gone; ++i) {
+    gone = !Running(holder.first);
+    if (!gone) std::this_thread::sleep_for(50ms);
   }
-  EXPECT_EQ(left, 0) << "the killed tenant's worker (holding its evicted data) stayed";
+  EXPECT_TRUE(gone) << "the killed tenant's worker " << holder.first
+                    << " (holding its evicted data) stayed";
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
     struct stat st{};
     if (::stat(e.path().c_str(), &st) == 0) {
