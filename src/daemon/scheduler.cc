@@ -742,30 +742,29 @@ void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
       return Drop(w, GoneReason::kMalformed);
     }
     DeviceState& d = devices_[r.device];
-    const double secs = static_cast<double>(r.ns) * 1e-9;
-    if (r.out != 0) {
-      if (d.switching) {
-        auto it = d.switching->waiting.find(w.session);
-        if (it != d.switching->waiting.end() && it->second == r.epoch) {
-          d.switching->waiting.erase(it);
-        }
+    if (r.out != 0 && d.switching) {
+      auto it = d.switching->waiting.find(w.session);
+      if (it != d.switching->waiting.end() && it->second == r.epoch) {
+        d.switching->waiting.erase(it);
       }
-      if (r.objects == 0) continue;
-      ++d.evictions;
-      d.bytes_out += r.bytes;
-      d.swap_out_s += secs;
-      ++t.evictions;
-      t.bytes_out += r.bytes;
-      t.swap_out_s += secs;
-    } else {
-      ++d.restores;
-      d.bytes_in += r.bytes;
-      d.swap_in_s += secs;
-      ++t.restores;
-      t.bytes_in += r.bytes;
-      t.swap_in_s += secs;
-      t.swap_charge_ns[r.device] += r.ns;
     }
+    d.swaps.Add(r);
+    t.swaps.Add(r);
+    if (r.out == 0) t.swap_charge_ns[r.device] += r.ns;
+  }
+}
+
+void Scheduler::SwapCounters::Add(const ctl::Swapped& r) {
+  const double secs = static_cast<double>(r.ns) * 1e-9;
+  if (r.out != 0) {
+    if (r.objects == 0) return;
+    ++evictions;
+    bytes_out += r.bytes;
+    swap_out_s += secs;
+  } else {
+    ++restores;
+    bytes_in += r.bytes;
+    swap_in_s += secs;
   }
 }
 
@@ -898,6 +897,14 @@ std::string Scheduler::Status(std::optional<TenantId> only) {
   return f.get();
 }
 
+namespace {
+nlohmann::json SwapJson(const auto& c) {
+  return nlohmann::json{{"evictions", c.evictions}, {"restores", c.restores},
+                        {"bytes_out", c.bytes_out}, {"bytes_in", c.bytes_in},
+                        {"swap_out_s", c.swap_out_s}, {"swap_in_s", c.swap_in_s}};
+}
+}  // namespace
+
 std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
   using nlohmann::json;
   json j;
@@ -935,7 +942,8 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                               {"switch_ins", ti.switch_ins},
                               {"copies", ti.copies}});
       }
-      devs.back()["slots"] = json{{"policy", std::string(core::SlotPolicyName(
+      json slots_json = SwapJson(d.swaps);
+      slots_json.update(json{{"policy", std::string(core::SlotPolicyName(
                                                  d.slots->options().policy))},
                                   {"slots", d.slots->options().slots},
                                   {"slot_bytes", d.slot_bytes},
@@ -946,13 +954,8 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                                   {"slot_copies", c.total_copies()},
                                   {"idle_evictions", c.idle_evictions},
                                   {"releases_waited", d.switches_waited},
-                                  {"evictions", d.evictions},
-                                  {"restores", d.restores},
-                                  {"bytes_out", d.bytes_out},
-                                  {"bytes_in", d.bytes_in},
-                                  {"swap_out_s", d.swap_out_s},
-                                  {"swap_in_s", d.swap_in_s},
-                                  {"tenants", std::move(placed)}};
+                                  {"tenants", std::move(placed)}});
+      devs.back()["slots"] = std::move(slots_json);
     }
   }
   j["devices"] = devs;
@@ -984,12 +987,7 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
            {"worker_deaths", t.worker_deaths},
            {"watchdog_kills", t.watchdog_kills},
            {"command_time_limit_s", ToSeconds(t.command_time_limit)},
-           {"swap", json{{"evictions", t.evictions},
-                         {"restores", t.restores},
-                         {"bytes_out", t.bytes_out},
-                         {"bytes_in", t.bytes_in},
-                         {"swap_out_s", t.swap_out_s},
-                         {"swap_in_s", t.swap_in_s}}}};
+           {"swap", SwapJson(t.swaps)}};
     size_t pending = 0;
     for (const auto& d : devices_) {
       pending += d.policy->Pending(id);

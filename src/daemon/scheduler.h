@@ -133,6 +133,12 @@ class Scheduler {
     TimePoint released{};
     bool unsplit_kernel = false;
   };
+  // Data moved off a device and back (oversubscription), per device and per tenant.
+  struct SwapCounters {
+    uint64_t evictions = 0, restores = 0, bytes_out = 0, bytes_in = 0;
+    double swap_out_s = 0, swap_in_s = 0;
+    void Add(const ctl::Swapped& r);  // one worker's report (a move of nothing counts nothing)
+  };
   // A release held until the tenants in the way are moved off the device.
   struct Switch {
     core::Dispatch pick;
@@ -167,8 +173,7 @@ class Scheduler {
     std::unordered_map<TenantId, bool> resident;
     std::optional<Switch> switching;
     uint64_t switches_waited = 0;  // releases that waited for evictions
-    uint64_t evictions = 0, restores = 0, bytes_out = 0, bytes_in = 0;
-    double swap_out_s = 0, swap_in_s = 0;
+    SwapCounters swaps;
   };
 
   void Loop();
@@ -241,8 +246,7 @@ class Scheduler {
     uint64_t mem_refused = 0;         // reservations refused (quota or capacity)
     // Oversubscription: moves of its data off the devices and back, and swap-in time not yet
     // charged (added to its next completion's device time there).
-    uint64_t evictions = 0, restores = 0, bytes_out = 0, bytes_in = 0;
-    double swap_out_s = 0, swap_in_s = 0;
+    SwapCounters swaps;
     std::vector<uint64_t> swap_charge_ns;  // per device
   };
   std::map<TenantId, TenantStats> tenants_;

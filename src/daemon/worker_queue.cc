@@ -477,17 +477,26 @@ void WorkerQueue::AttachResidency(std::shared_ptr<Residency> residency) {
   mailbox_.Post([this, r = std::move(residency)]() mutable { residency_ = std::move(r); });
 }
 
+namespace {
+// The broker's record of one Evict() (out, answering `epoch`) or Restore() (in, epoch 0).
+ctl::Swapped SwappedOf(uint32_t device, bool out, uint64_t epoch, const Residency::Moved& m) {
+  ctl::Swapped s;
+  s.epoch = epoch;
+  s.device = device;
+  s.out = out ? 1 : 0;
+  s.ok = m.error == CL_SUCCESS ? 1 : 0;
+  s.objects = m.objects;
+  s.bytes = m.bytes;
+  s.ns = static_cast<uint64_t>(m.time.count());
+  return s;
+}
+}  // namespace
+
 void WorkerQueue::RunJobs(uint32_t device, std::vector<Job> jobs) {
   if (residency_ && residency_->Evicted(device)) {
     Residency::Moved m = residency_->Restore(device);
     if (!broker_gone_ && m.objects != 0) {
-      ctl::Swapped s;
-      s.device = device;
-      s.out = 0;
-      s.ok = m.error == CL_SUCCESS ? 1 : 0;
-      s.objects = m.objects;
-      s.bytes = m.bytes;
-      s.ns = static_cast<uint64_t>(m.time.count());
+      ctl::Swapped s = SwappedOf(device, false, 0, m);
       ctl::Send(ctl_fd_, ctl::Type::kSwapped, &s, sizeof(s), 1).IgnoreError();
     }
   }
@@ -503,17 +512,9 @@ void WorkerQueue::EvictWhenIdle() {
   std::vector<ctl::Evict> asks = std::move(evict_pending_);
   evict_pending_.clear();
   for (const ctl::Evict& e : asks) {
-    ctl::Swapped s;
-    s.epoch = e.epoch;
-    s.device = e.device;
-    s.out = 1;
-    if (residency_ && e.device < executors_.size()) {
-      Residency::Moved m = residency_->Evict(e.device);
-      s.ok = m.error == CL_SUCCESS ? 1 : 0;
-      s.objects = m.objects;
-      s.bytes = m.bytes;
-      s.ns = static_cast<uint64_t>(m.time.count());
-    }
+    Residency::Moved m;
+    if (residency_ && e.device < executors_.size()) m = residency_->Evict(e.device);
+    ctl::Swapped s = SwappedOf(e.device, true, e.epoch, m);
     if (!broker_gone_) ctl::Send(ctl_fd_, ctl::Type::kSwapped, &s, sizeof(s), 1).IgnoreError();
   }
 }
