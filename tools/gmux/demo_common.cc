@@ -13,6 +13,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 namespace gmux::cli {
 
@@ -103,6 +104,73 @@ void DemoDaemon::Stop() {
     std::filesystem::remove_all(dir_, ec);
     dir_.clear();
   }
+}
+
+DemoTenant::DemoTenant(DemoTenant&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)), up_(std::exchange(other.up_, -1)),
+      down_(std::exchange(other.down_, -1)) {}
+
+DemoTenant::~DemoTenant() {
+  if (up_ >= 0) ::close(up_);
+  if (down_ >= 0) ::close(down_);
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int st;
+    ::waitpid(pid_, &st, 0);
+  }
+}
+
+bool DemoTenant::Spawn(const DemoDaemon& daemon, uid_t uid,
+                       const std::function<int(int up, int down)>& body) {
+  int up[2], down[2];
+  if (::pipe(up) != 0) return false;
+  if (::pipe(down) != 0) {
+    ::close(up[0]);
+    ::close(up[1]);
+    return false;
+  }
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::close(up[0]);
+    ::close(down[1]);
+    if (uid != 0 && (::setgid(uid) != 0 || ::setuid(uid) != 0)) ::_exit(3);
+    ::setenv("OCL_ICD_VENDORS", daemon.vendors().c_str(), 1);
+    ::setenv("GMUX_SOCKET", daemon.socket().c_str(), 1);
+    ::_exit(body(up[1], down[0]));
+  }
+  ::close(up[1]);
+  ::close(down[0]);
+  up_ = up[0];
+  down_ = down[1];
+  return pid_ > 0;
+}
+
+bool DemoTenant::WaitReady() {
+  char c = 0;
+  return up_ >= 0 && ::read(up_, &c, 1) == 1 && c == 'r';
+}
+
+bool DemoTenant::Start() {
+  const char c = 's';
+  return down_ >= 0 && ::write(down_, &c, 1) == 1;
+}
+
+std::string DemoTenant::Finish(int& exit_status) {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while (up_ >= 0 && (n = ::read(up_, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  if (up_ >= 0) ::close(up_);
+  if (down_ >= 0) ::close(down_);
+  up_ = down_ = -1;
+  exit_status = -1;
+  if (pid_ > 0) {
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    if (WIFEXITED(st)) exit_status = WEXITSTATUS(st);
+    pid_ = -1;
+  }
+  return out;
 }
 
 }  // namespace gmux::cli

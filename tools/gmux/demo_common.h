@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,29 @@ class DemoDaemon {
   DemoPaths paths_;
   std::string dir_, socket_, vendors_;
   pid_t pid_ = -1;
+};
+
+// One tenant process of a demo run: forked with the daemon's vendors dir and socket in its
+// environment (as `uid` when non-zero). Its body gets the write end of the pipe up to the demo
+// and the read end of the one down; it writes "r" when ready, waits for the start byte, writes
+// its results, and returns its exit status. Killed and reaped if still running at destruction.
+class DemoTenant {
+ public:
+  DemoTenant() = default;
+  DemoTenant(DemoTenant&& other) noexcept;
+  DemoTenant& operator=(DemoTenant&&) = delete;
+  DemoTenant(const DemoTenant&) = delete;
+  ~DemoTenant();
+
+  bool Spawn(const DemoDaemon& daemon, uid_t uid, const std::function<int(int up, int down)>& body);
+  bool WaitReady();  // its "r"
+  bool Start();      // the start byte
+  // What it wrote after "r" until it exited, and its exit status (-1: it did not exit normally).
+  std::string Finish(int& exit_status);
+
+ private:
+  pid_t pid_ = -1;
+  int up_ = -1, down_ = -1;
 };
 
 }  // namespace gmux::cli

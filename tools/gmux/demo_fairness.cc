@@ -1,10 +1,6 @@
 #include "demo_fairness.h"
 
 #include <CL/cl.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -378,7 +373,7 @@ json RunOne(const DemoPaths& paths, const Setup& setup, const std::string& polic
             const std::map<std::string, double>& params, const DemoFairnessOptions& o) {
   DemoDaemon daemon;
   if (!daemon.Prepare("gmux-fair", paths)) return json{{"error", "cannot make a temp dir"}};
-  const std::string socket = daemon.socket(), vendors = daemon.vendors();
+  const std::string socket = daemon.socket();
   const bool root = ::getuid() == 0;
   std::ostringstream cfg;
   cfg << "inflight_per_device = " << o.inflight << "\n\n[scheduler]\npolicy = \"" << policy
@@ -401,41 +396,17 @@ json RunOne(const DemoPaths& paths, const Setup& setup, const std::string& polic
   json result;
   if (!daemon.Start(cfg.str(), 900)) return json{{"error", "gmuxd did not start"}};
   const double run_s = o.warmup_s + o.window_s + 0.5;
-  struct Kid {
-    pid_t pid;
-    int ready_fd;  // read end: "r", then the latencies
-    int start_fd;  // write end
-  };
-  std::vector<Kid> kids;
-  for (size_t i = 0; i < setup.tenants.size(); ++i) {
-    int up[2], down[2];
-    if (::pipe(up) != 0 || ::pipe(down) != 0) return json{{"error", "pipe failed"}};
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(up[0]);
-      ::close(down[1]);
-      if (root) {
-        uid_t uid = static_cast<uid_t>(60101 + i);
-        if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(3);
-      }
-      ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
-      ::setenv("GMUX_SOCKET", socket.c_str(), 1);
-      const int depth = setup.tenants[i].depth > 0 ? setup.tenants[i].depth : o.depth;
-      ::_exit(TenantMain(setup.tenants[i], depth, run_s, up[1], down[0]));
-    }
-    ::close(up[1]);
-    ::close(down[0]);
-    kids.push_back({pid, up[0], down[1]});
-  }
+  std::vector<DemoTenant> kids(setup.tenants.size());
   bool ok = true;
-  for (auto& k : kids) {
-    char c = 0;
-    ok = ok && ::read(k.ready_fd, &c, 1) == 1 && c == 'r';
+  for (size_t i = 0; i < setup.tenants.size(); ++i) {
+    const int depth = setup.tenants[i].depth > 0 ? setup.tenants[i].depth : o.depth;
+    ok = ok && kids[i].Spawn(daemon, root ? static_cast<uid_t>(60101 + i) : 0,
+                             [&, i, depth](int up, int down) {
+                               return TenantMain(setup.tenants[i], depth, run_s, up, down);
+                             });
   }
-  for (auto& k : kids) {
-    char c = 's';
-    ok = ok && ::write(k.start_fd, &c, 1) == 1;
-  }
+  for (auto& k : kids) ok = ok && k.WaitReady();
+  for (auto& k : kids) ok = ok && k.Start();
   std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_s));
   json a = Snapshot(socket);
   auto t0 = Clock::now();
@@ -444,17 +415,12 @@ json RunOne(const DemoPaths& paths, const Setup& setup, const std::string& polic
   double window = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<std::string> outputs(kids.size());
   for (size_t i = 0; i < kids.size(); ++i) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(kids[i].ready_fd, buf, sizeof(buf))) > 0) outputs[i].append(buf, static_cast<size_t>(n));
-    ::close(kids[i].ready_fd);
-    ::close(kids[i].start_fd);
-    int st = 0;
-    ::waitpid(kids[i].pid, &st, 0);
-    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    int status = -1;
+    outputs[i] = kids[i].Finish(status);
+    if (status != 0) {
       ok = false;
       result["error"] = "tenant " + setup.tenants[i].name + " failed (exit " +
-                        std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + ")";
+                        std::to_string(status) + ")";
     }
   }
   daemon.Stop();

@@ -1,17 +1,12 @@
 #include "demo_memory.h"
 
 #include <CL/cl.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -141,7 +136,7 @@ double NativeCopyGbps(size_t bytes) {
 json RunOne(const DemoPaths& paths, const std::string& policy, const DemoMemoryOptions& o) {
   DemoDaemon daemon;
   if (!daemon.Prepare("gmux-mem", paths)) return json{{"error", "cannot make a temp dir"}};
-  const std::string socket = daemon.socket(), vendors = daemon.vendors();
+  const std::string socket = daemon.socket();
   const bool root = ::getuid() == 0;
   std::ostringstream cfg;
   cfg << "inflight_per_device = 2\nmemory_bytes = \"" << o.capacity << "\"\nmemory_slots = \""
@@ -153,58 +148,29 @@ json RunOne(const DemoPaths& paths, const std::string& policy, const DemoMemoryO
   if (!daemon.Start(cfg.str(), 1800)) {
     return json{{"error", "gmuxd did not start (is the configuration valid?)"}};
   }
-  struct Kid {
-    pid_t pid;
-    int up, down;
-  };
-  std::vector<Kid> kids;
-  for (int i = 0; i < o.tenants; ++i) {
-    int up[2], down[2];
-    if (::pipe(up) != 0 || ::pipe(down) != 0) return json{{"error", "pipe failed"}};
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(up[0]);
-      ::close(down[1]);
-      if (root) {
-        uid_t uid = static_cast<uid_t>(60201 + i);
-        if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(3);
-      }
-      ::setenv("OCL_ICD_VENDORS", vendors.c_str(), 1);
-      ::setenv("GMUX_SOCKET", socket.c_str(), 1);
-      ::_exit(TenantMain(i, o.mib, o.rounds, up[1], down[0]));
-    }
-    ::close(up[1]);
-    ::close(down[0]);
-    kids.push_back({pid, up[0], down[1]});
-  }
+  std::vector<DemoTenant> kids(static_cast<size_t>(o.tenants));
   bool ok = true;
-  for (auto& k : kids) {
-    char c = 0;
-    ok = ok && ::read(k.up, &c, 1) == 1 && c == 'r';
+  for (int i = 0; i < o.tenants; ++i) {
+    ok = ok && kids[i].Spawn(daemon, root ? static_cast<uid_t>(60201 + i) : 0,
+                             [&o, i](int up, int down) {
+                               return TenantMain(i, o.mib, o.rounds, up, down);
+                             });
   }
+  for (auto& k : kids) ok = ok && k.WaitReady();
   const auto t0 = Clock::now();
-  for (auto& k : kids) {
-    char c = 's';
-    ok = ok && ::write(k.down, &c, 1) == 1;
-  }
+  for (auto& k : kids) ok = ok && k.Start();
   json result;
   json tenants = json::array();
   for (int i = 0; i < o.tenants; ++i) {
-    std::string out;
-    char buf[256];
-    ssize_t n;
-    while ((n = ::read(kids[i].up, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-    ::close(kids[i].up);
-    ::close(kids[i].down);
-    int st = 0;
-    ::waitpid(kids[i].pid, &st, 0);
+    int status = -1;
+    const std::string out = kids[i].Finish(status);
     int rounds = 0, bad = -1;
     double secs = 0;
     std::stringstream(out) >> rounds >> bad >> secs;
-    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+    if (status != 0) {
       ok = false;
       result["error"] = "tenant t" + std::to_string(i) + " failed (exit " +
-                        std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) +
+                        std::to_string(status) +
                         (bad > 0 ? ", results differed from the CPU's" : "") + ")";
     }
     tenants.push_back(json{{"name", "t" + std::to_string(i)},
