@@ -279,6 +279,25 @@ std::optional<Dispatch> CreditPolicy::Pick(TimePoint now) {
   return DispatchHead(*next, t, now);
 }
 
+std::optional<Dispatch> CreditPolicy::PickTenant(TenantId tenant, TimePoint now) {
+  AdvanceTo(now);
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end() || it->second.channel.empty()) return std::nullopt;
+  TenantState& t = it->second;
+  // Its turn, as Pick() would open it; the device time is charged at Complete() as for any
+  // dispatch (credit1 to zero, the rest as debt repaid from later replenishments), so the
+  // out-of-turn work comes out of the tenant's later share.
+  if (!turn_open_ || turn_tenant_ != tenant) {
+    turn_open_ = !options_.owed_first;
+    turn_tenant_ = tenant;
+    turn_blocks_ = 0;
+    turn_used_ns_ = 0;
+    cursor_rank_ = t.rank;
+    if (options_.charge_per_round) Charge(t, credit_value().count());
+  }
+  return DispatchHead(tenant, t, now);
+}
+
 bool CreditPolicy::ExpressOk(TenantId tenant, TimePoint now) const {
   auto it = tenants_.find(tenant);
   if (it == tenants_.end()) return false;

@@ -32,6 +32,17 @@ std::optional<Dispatch> FifoPolicy::Pick(TimePoint) {
   return Dispatch{e.tenant, e.block, WorkRange{0, e.work_items}, true};
 }
 
+std::optional<Dispatch> FifoPolicy::PickTenant(TenantId tenant, TimePoint) {
+  // The tenant's oldest block, ahead of older blocks of others.
+  auto it = std::find_if(queue_.begin(), queue_.end(),
+                         [tenant](const Entry& e) { return e.tenant == tenant; });
+  if (it == queue_.end()) return std::nullopt;
+  Entry e = *it;
+  queue_.erase(it);
+  --pending_[e.tenant];
+  return Dispatch{e.tenant, e.block, WorkRange{0, e.work_items}, true};
+}
+
 size_t FifoPolicy::Pending(TenantId tenant) const {
   auto it = pending_.find(tenant);
   return it == pending_.end() ? 0 : it->second;

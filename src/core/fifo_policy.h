@@ -23,6 +23,7 @@ class FifoPolicy final : public Policy {
   void Complete(const Completion& done, TimePoint now) override;
   void Tick(TimePoint) override {}
   std::optional<Dispatch> Pick(TimePoint now) override;
+  std::optional<Dispatch> PickTenant(TenantId tenant, TimePoint now) override;
   size_t Pending(TenantId tenant) const override;
   // Neither holds back nor splits: a lone tenant's blocks go out whole, in order.
   bool ExpressOk(TenantId, TimePoint) const override { return true; }

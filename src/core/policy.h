@@ -67,6 +67,16 @@ class Policy {
   // Blocks submitted by `tenant` and not yet fully dispatched.
   virtual size_t Pending(TenantId tenant) const = 0;
 
+  // Swap batching (docs/policies.md, "Device memory"): the driver asks for `tenant`'s next
+  // dispatch out of turn, to keep running a tenant whose data is on the device instead of paying
+  // to move another tenant's data in. The policy accounts it as it would its own pick (credit
+  // charged by device time, chunks as usual), so the tenant pays for it out of its later turns
+  // and the weights hold over time. nullopt: nothing pending for `tenant`, or the policy does not
+  // take out-of-turn picks (the default; the driver then switches as Pick() says).
+  virtual std::optional<Dispatch> PickTenant(TenantId /*tenant*/, TimePoint /*now*/) {
+    return std::nullopt;
+  }
+
   // Express dispatch (docs/policies.md, "Express dispatch"). While one tenant has had a device
   // to itself, the driver may let that tenant's commands start without a Pick() and account them
   // afterwards, which saves the driver's round trip when there is nobody to be fair to.

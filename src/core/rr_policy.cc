@@ -37,6 +37,17 @@ std::optional<Dispatch> RrPolicy::Pick(TimePoint) {
   return Dispatch{tenant, e.block, WorkRange{0, e.work_items}, true};
 }
 
+std::optional<Dispatch> RrPolicy::PickTenant(TenantId tenant, TimePoint) {
+  auto ch = channels_.find(tenant);
+  if (ch == channels_.end() || ch->second.empty()) return std::nullopt;
+  Entry e = ch->second.front();
+  ch->second.pop_front();
+  // Its place in the ring stays: the out-of-turn block does not cost it its turn (RR does not
+  // account time; under batching the slice bounds how long others wait).
+  if (ch->second.empty()) std::erase(ring_, tenant);
+  return Dispatch{tenant, e.block, WorkRange{0, e.work_items}, true};
+}
+
 size_t RrPolicy::Pending(TenantId tenant) const {
   auto it = channels_.find(tenant);
   return it == channels_.end() ? 0 : it->second.size();

@@ -162,7 +162,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
              "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
              "worker_user", "spare_workers", "state_dir", "express_dispatch", "memory_bytes",
-             "memory_slots", "slot_bytes", "memory_idle_s"}));
+             "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch"}));
     GMUX_ASSIGN_OR_RETURN(o.memory_bytes, doc.Bytes(*d, "memory_bytes", 0));
     GMUX_ASSIGN_OR_RETURN(o.memory_slots, doc.String(*d, "memory_slots", "off"));
     if (o.memory_slots != "off" && !core::ParseSlotPolicy(o.memory_slots).ok()) {
@@ -174,6 +174,10 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
       return doc.Error(d->get("slot_bytes"), "slot_bytes", "must be at least 1 MiB");
     }
     GMUX_ASSIGN_OR_RETURN(o.memory_idle_s, doc.Number(*d, "memory_idle_s", 20.0, 0.01));
+    GMUX_ASSIGN_OR_RETURN(o.swap_batch, doc.Number(*d, "swap_batch", 2.0, 0));
+    if (o.swap_batch > 100) {
+      return doc.Error(d->get("swap_batch"), "swap_batch", "must be at most 100");
+    }
     GMUX_ASSIGN_OR_RETURN(o.handshake_timeout_s, doc.Number(*d, "handshake_timeout_s", 5.0, 0.01));
     GMUX_ASSIGN_OR_RETURN(int64_t mu, doc.Integer(*d, "max_unidentified", 64, 1, 1 << 20));
     o.max_unidentified = static_cast<uint32_t>(mu);

@@ -101,6 +101,10 @@ struct DaemonOptions {
   std::string memory_slots = "off";
   uint64_t slot_bytes = 64ull << 20;
   double memory_idle_s = 20;
+  // Under memory_slots: a tenant whose data was just brought in keeps the device for
+  // swap_batch × what that move cost, its commands picked out of turn (0: every pick as the
+  // policy says, however many moves it costs).
+  double swap_batch = 2;
   // A tenant alone on a device starts its commands without the scheduler's round trip
   // (docs/policies.md, "Express dispatch"); only for policies that would not hold it back.
   bool express_dispatch = true;

@@ -165,13 +165,15 @@ void Scheduler::SetMemoryCapacity(uint32_t device, uint64_t bytes) {
 }
 
 gmux::Status Scheduler::EnableSlots(uint32_t device, const core::SlotAllocatorOptions& options,
-                              uint64_t slot_bytes) {
+                              uint64_t slot_bytes, double swap_batch) {
   if (slot_bytes == 0) return InvalidArgument("slot_bytes must be positive");
+  if (!(swap_batch >= 0)) return InvalidArgument("swap_batch must be 0 or more");
   GMUX_ASSIGN_OR_RETURN(core::SlotAllocator alloc, core::SlotAllocator::Create(options));
-  mailbox_.Post([this, device, slot_bytes, a = std::move(alloc)]() mutable {
+  mailbox_.Post([this, device, slot_bytes, swap_batch, a = std::move(alloc)]() mutable {
     if (device >= devices_.size()) return;
     devices_[device].slots.emplace(std::move(a));
     devices_[device].slot_bytes = slot_bytes;
+    swap_batch_ = swap_batch;
   });
   return gmux::Status::Ok();
 }
@@ -579,7 +581,13 @@ void Scheduler::Pump() {
         if (!AdvanceSwitch(static_cast<uint32_t>(di))) break;
         continue;
       }
-      auto pick = d.policy->Pick(Now());
+      std::optional<core::Dispatch> pick;
+      if (d.batch) {
+        bool hold = false;
+        pick = BatchPick(static_cast<uint32_t>(di), hold);
+        if (hold) break;
+      }
+      if (!pick) pick = d.policy->Pick(Now());
       if (!pick) break;
       auto it = d.queued.find(pick->block);
       if (it == d.queued.end()) {
@@ -708,8 +716,57 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
   }
   Switch done = std::move(*d.switching);
   d.switching.reset();
+  d.last_switch_wait = Now() - done.since;
   Release(di, done.pick, done.q);
   return true;
+}
+
+std::optional<core::Dispatch> Scheduler::BatchPick(uint32_t di, bool& hold) {
+  DeviceState& d = devices_[di];
+  DeviceState::Batch& b = *d.batch;
+  const TimePoint now = Now();
+  auto on = d.resident.find(b.tenant);
+  if (now >= b.until || on == d.resident.end() || !on->second) {
+    d.batch.reset();
+    return std::nullopt;
+  }
+  if (d.policy->Pending(b.tenant) > 0) {
+    auto pick = d.policy->PickTenant(b.tenant, now);
+    if (pick) {
+      ++d.batched;
+    } else {
+      d.batch.reset();  // the policy takes no out-of-turn picks: it switches as it says
+    }
+    return pick;
+  }
+  // Nothing queued: a closed-loop tenant between a completion and its next command. The device
+  // waits for it (at most as long as bringing its data in cost, the move the wait saves) when
+  // the alternative is a tenant whose data is off the device.
+  bool running = false;
+  for (const Flight& f : d.inflight) running = running || f.tenant == b.tenant;
+  auto last = d.last_active.find(b.tenant);
+  const bool thinking = running || (last != d.last_active.end() && now - last->second < b.cost);
+  if (!thinking) {
+    d.batch.reset();
+    return std::nullopt;
+  }
+  bool others_off = false;
+  for (const auto& [block, q] : d.queued) {
+    if (q.worker == nullptr || q.worker->tenant == b.tenant) continue;
+    auto r = d.resident.find(q.worker->tenant);
+    others_off = others_off || r == d.resident.end() || !r->second;
+  }
+  if (!others_off) return std::nullopt;  // whoever runs next is on the device already
+  hold = true;
+  if (!running) {
+    const TimePoint until = std::min(b.until, last->second + b.cost);
+    if (d.hold_until < now) d.hold_until = now;
+    if (until > d.hold_until) {
+      d.batch_held += until - d.hold_until;
+      d.hold_until = until;
+    }
+  }
+  return std::nullopt;
 }
 
 void Scheduler::SlotMonitor() {
@@ -751,6 +808,11 @@ void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
     d.swaps.Add(r);
     t.swaps.Add(r);
     if (r.out == 0) t.swap_charge_ns[r.device] += r.ns;
+    if (r.out == 0 && d.batch && d.batch->tenant == w.tenant) {
+      const Duration in(static_cast<int64_t>(r.ns));
+      d.batch->cost += in;
+      d.batch->until += std::chrono::duration_cast<Duration>(in * swap_batch_);
+    }
   }
 }
 
@@ -772,7 +834,18 @@ void Scheduler::Release(uint32_t di, const core::Dispatch& pick, const Queued& q
   DeviceState& d = devices_[di];
   if (d.slots) {
     (void)d.slots->SwitchTo(pick.tenant, Now());
-    d.resident[pick.tenant] = true;  // its worker brings its data back before it runs
+    bool& on = d.resident[pick.tenant];
+    if (!on && swap_batch_ > 0) {
+      // Its data comes back: a batch starts, as long as swap_batch × what the move costs (the
+      // wait for victims now, its swap-in time when its worker reports it).
+      const Duration cost = d.last_switch_wait;
+      d.batch = DeviceState::Batch{pick.tenant, Now(),
+                                   Now() + std::chrono::duration_cast<Duration>(cost * swap_batch_),
+                                   cost};
+      ++d.batches;
+    }
+    d.last_switch_wait = Duration(0);
+    on = true;  // its worker brings its data back before it runs
   }
   Dispatched(d, Flight{q.worker, q.cmd, pick.block, pick.tenant, pick.range, pick.last, Now(),
                        q.unsplit_kernel});
@@ -840,6 +913,7 @@ void Scheduler::Loop() {
     }
     if (pending_out) next = Now() + std::chrono::milliseconds(1);
     for (auto& d : devices_) {
+      if (d.batch && d.hold_until > Now()) next = next ? std::min(*next, d.hold_until) : d.hold_until;
       if (!d.slots || (d.resident.empty() && !d.switching)) continue;
       TimePoint m = Now() + std::min<Duration>(d.slots->options().monitor_period, kEvictTimeout);
       next = next ? std::min(*next, m) : m;
@@ -954,6 +1028,10 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                                   {"slot_copies", c.total_copies()},
                                   {"idle_evictions", c.idle_evictions},
                                   {"releases_waited", d.switches_waited},
+                                  {"swap_batch", swap_batch_},
+                                  {"batches", d.batches},
+                                  {"batched_dispatches", d.batched},
+                                  {"batch_held_s", ToSeconds(d.batch_held)},
                                   {"tenants", std::move(placed)}});
       devs.back()["slots"] = std::move(slots_json);
     }

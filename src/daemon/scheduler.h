@@ -89,9 +89,12 @@ class Scheduler {
   // together reserve more than the capacity (each alone at most all of it), and before a
   // tenant's command is released the tenants whose slot windows overlap its own are moved off
   // the device (ctl::kEvict) once nothing of theirs runs there. `options.slots` is the managed
-  // capacity in slots. kInvalidArgument for options the allocator refuses.
+  // capacity in slots. `swap_batch` > 0: a tenant whose data was brought in keeps the device
+  // for swap_batch × what that cost (its commands picked out of turn, paid for from its later
+  // turns), so that moves are amortised (0: none). kInvalidArgument for options the allocator
+  // refuses or a negative swap_batch.
   gmux::Status EnableSlots(uint32_t device, const core::SlotAllocatorOptions& options,
-                           uint64_t slot_bytes);
+                           uint64_t slot_bytes, double swap_batch = 0);
 
   // Commands submitted and not yet completed (all tenants).
   uint64_t Outstanding() const { return outstanding_.load(); }
@@ -174,6 +177,19 @@ class Scheduler {
     std::optional<Switch> switching;
     uint64_t switches_waited = 0;  // releases that waited for evictions
     SwapCounters swaps;
+    // Swap batching: the tenant whose data was just brought in keeps the device until `until`
+    // (swap_batch × what bringing it in cost), waiting through its think gaps up to `hold`.
+    struct Batch {
+      TenantId tenant = 0;
+      TimePoint start{}, until{};
+      Duration cost{0};  // eviction wait + swap-in time measured for this switch
+    };
+    std::optional<Batch> batch;
+    TimePoint hold_until{};     // the device is held idle for the batch's tenant until then
+    uint64_t batches = 0;       // batches started
+    uint64_t batched = 0;       // dispatches picked out of turn for a batch
+    Duration batch_held{0};     // device time held idle for batches' tenants (upper bound)
+    Duration last_switch_wait{0};
   };
 
   void Loop();
@@ -190,6 +206,9 @@ class Scheduler {
   int32_t SlotNeed(const DeviceState& d, TenantId tenant) const;
   std::vector<TenantId> PrepareSwitch(uint32_t device, TenantId tenant);
   bool AdvanceSwitch(uint32_t device);
+  // Swap batching: the batch's next dispatch out of turn, or nullopt with `hold` set when the
+  // device waits for the batch's tenant (thinking), or nullopt and the batch over.
+  std::optional<core::Dispatch> BatchPick(uint32_t device, bool& hold);
   void SlotMonitor();
   void AskEvict(uint32_t device, TenantId tenant, Switch* sw);
   void Release(uint32_t device, const core::Dispatch& pick, const Queued& q);
@@ -212,6 +231,7 @@ class Scheduler {
   void SendReleases();
 
   uint32_t inflight_limit_ = 4;
+  double swap_batch_ = 0;  // 0: no swap batching
   bool express_enabled_ = true;
   Mailbox mailbox_;
   std::thread thread_;

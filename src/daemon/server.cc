@@ -106,7 +106,7 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
                                                            1u << 20));
       so.idle_threshold = FromSeconds(options.memory_idle_s);
       so.utilization_window = std::max(so.utilization_window, so.monitor_period);
-      GMUX_RETURN_IF_ERROR(s->scheduler_->EnableSlots(i, so, options.slot_bytes));
+      GMUX_RETURN_IF_ERROR(s->scheduler_->EnableSlots(i, so, options.slot_bytes, options.swap_batch));
     }
   }
   s->root_ = ::geteuid() == 0;

@@ -830,3 +830,68 @@ TEST(CreditSlicesTest, NoExpressWhileAnotherTenantThinks) {
 
 }  // namespace
 }  // namespace gmux::core
+
+namespace gmux::core {
+namespace {
+
+// Swap batching: out-of-turn picks for one tenant are paid for out of its later turns, so the
+// weights still hold over time (docs/policies.md, "Device memory").
+TEST(CreditPolicyTest, OutOfTurnPicksArePaidBackAndWeightsHold) {
+  CreditPolicy p = Make();
+  TimePoint now{};
+  p.AddTenant({1, "a", 1}, now);
+  p.AddTenant({2, "b", 1}, now);
+  BlockId next = 1;
+  for (int k = 0; k < 2; ++k) {
+    p.Submit(Kernel(next++, 1), now);
+    p.Submit(Kernel(next++, 2), now);
+  }
+  EXPECT_FALSE(p.PickTenant(3, now).has_value());  // unknown tenant
+  std::map<TenantId, double> device_s;
+  const Duration block = milliseconds(2);
+  const TimePoint end = now + std::chrono::seconds(20);
+  int out_of_turn = 0;
+  while (now < end) {
+    // Tenant 1 runs out of turn in the first 40 ms of every 200 ms (a "slice" after a swap).
+    const auto phase = (now - TimePoint{}) % milliseconds(200);
+    std::optional<Dispatch> d;
+    if (phase < milliseconds(40)) {
+      d = p.PickTenant(1, now);
+      if (d) ++out_of_turn;
+    }
+    if (!d) d = p.Pick(now);
+    if (!d) {
+      now += microseconds(100);
+      p.Tick(now);
+      continue;
+    }
+    EXPECT_EQ(d->range.begin, 0u);
+    now += block;
+    p.Complete(Done(*d, block), now);
+    device_s[d->tenant] += ToSeconds(block);
+    if (d->last) p.Submit(Kernel(next++, d->tenant), now);  // closed loop, always backlogged
+  }
+  EXPECT_GT(out_of_turn, 1000);
+  const double total = device_s[1] + device_s[2];
+  EXPECT_NEAR(device_s[1] / total, 0.5, 0.03);
+  // Nothing is lost: every dispatch was a block of one of the two.
+  EXPECT_NEAR(total, 20.0, 0.1);
+}
+
+TEST(CreditPolicyTest, OutOfTurnPickOfATenantWithNothingPendingIsNothing) {
+  CreditPolicy p = Make();
+  TimePoint now{};
+  p.AddTenant({1, "a", 1}, now);
+  p.AddTenant({2, "b", 1}, now);
+  p.Submit(Kernel(1, 2), now);
+  EXPECT_FALSE(p.PickTenant(1, now).has_value());
+  auto d = p.PickTenant(2, now);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->tenant, 2u);
+  EXPECT_EQ(d->block, 1u);
+  EXPECT_EQ(p.Pending(2), 0u);
+  EXPECT_FALSE(p.Pick(now).has_value());
+}
+
+}  // namespace
+}  // namespace gmux::core

@@ -49,6 +49,24 @@ TEST(FifoPolicyTest, RemovedTenantsBlocksAreDropped) {
   EXPECT_FALSE(p.Pick(t));
 }
 
+TEST(FifoPolicyTest, OutOfTurnPickTakesTheTenantsOldestBlockAheadOfOthers) {
+  FifoPolicy p;
+  TimePoint t{};
+  p.AddTenant({1, "a", 1}, t);
+  p.AddTenant({2, "b", 1}, t);
+  p.Submit(Kernel(1, 1, 64), t);
+  p.Submit(Kernel(2, 2, 64), t);
+  p.Submit(Kernel(3, 2, 64), t);
+  auto d = p.PickTenant(2, t);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->block, 2u);
+  EXPECT_EQ(p.Pending(2), 1u);
+  EXPECT_EQ(p.Pick(t)->block, 1u);  // the others keep their order
+  EXPECT_EQ(p.Pick(t)->block, 3u);
+  EXPECT_FALSE(p.PickTenant(2, t));
+  EXPECT_FALSE(p.PickTenant(7, t));
+}
+
 TEST(MakePolicyTest, RejectsUnknownNamesAndParameters) {
   EXPECT_TRUE(MakePolicy({"fifo", {}, {}}).ok());
   auto bad = MakePolicy({"lottery", {}, {}});

@@ -46,6 +46,25 @@ TEST(RrPolicyTest, OneBlockPerTenantPerTurn) {
   EXPECT_FALSE(p.Pick(t));
 }
 
+TEST(RrPolicyTest, OutOfTurnPicksKeepTheRingAndDropEmptiedTenants) {
+  RrPolicy p;
+  TimePoint t{};
+  p.AddTenant({1, "a", 1}, t);
+  p.AddTenant({2, "b", 1}, t);
+  p.Submit(Kernel(1, 1), t);
+  p.Submit(Kernel(2, 1), t);
+  p.Submit(Kernel(3, 2), t);
+  p.Submit(Kernel(4, 2), t);
+  auto d = p.PickTenant(2, t);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->block, 3u);
+  EXPECT_EQ(Sequence(p, t), "aba");
+  p.Submit(Kernel(5, 2), t);
+  EXPECT_EQ(p.PickTenant(2, t)->block, 5u);  // its channel empties: it leaves the ring
+  EXPECT_FALSE(p.Pick(t));
+  EXPECT_FALSE(p.PickTenant(1, t));
+}
+
 TEST(RrPolicyTest, IgnoresWeightsAndBlockSizes) {
   RrPolicy p;
   TimePoint t{};

@@ -108,13 +108,13 @@ TEST(ToolsTest, DemoMemoryMovesDataAndKeepsEveryResult) {
   std::string out;
   ASSERT_EQ(RunShell(std::string("timeout 300 ") + GMUX_CLI_PATH +
                          " demo memory --json --capacity 64MiB --slot 8MiB --mib 24 --rounds 3"
-                         " 2>&1",
+                         " --swap-batch 0,4 2>&1",
                      out),
             0)
       << out;
   auto j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << out;
-  ASSERT_EQ(j["runs"].size(), 3u) << out;
+  ASSERT_EQ(j["runs"].size(), 6u) << out;  // three policies, without and with swap batching
   EXPECT_GT(j["device_copy_gbps"].get<double>(), 0);
   for (const auto& r : j["runs"]) {
     ASSERT_FALSE(r.contains("error")) << r.dump();
@@ -124,6 +124,14 @@ TEST(ToolsTest, DemoMemoryMovesDataAndKeepsEveryResult) {
     EXPECT_GT(s["restores"].get<int64_t>(), 0) << r["policy"];
     EXPECT_GT(s["slot_copies"].get<int64_t>(), 0) << r["policy"];
     EXPECT_GT(r["swap_gbps"].get<double>(), 0) << r["policy"];
+    // A batch starts at every swap-in when batching is on, and never when it is off.
+    EXPECT_EQ(s["swap_batch"].get<double>(), r["swap_batch"].get<double>());
+    if (r["swap_batch"].get<double>() > 0) {
+      EXPECT_GT(s["batches"].get<int64_t>(), 0) << r["policy"];
+    } else {
+      EXPECT_EQ(s["batches"].get<int64_t>(), 0) << r["policy"];
+      EXPECT_EQ(s["batched_dispatches"].get<int64_t>(), 0) << r["policy"];
+    }
     for (const auto& t : r["tenants"]) {
       EXPECT_EQ(t["rounds"].get<int>(), 3) << t["name"];
       EXPECT_EQ(t["rounds_wrong"].get<int>(), 0) << t["name"];

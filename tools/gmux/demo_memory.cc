@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -133,14 +134,16 @@ double NativeCopyGbps(size_t bytes) {
   return 0;
 }
 
-json RunOne(const DemoPaths& paths, const std::string& policy, const DemoMemoryOptions& o) {
+json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
+           const DemoMemoryOptions& o) {
   DemoDaemon daemon;
   if (!daemon.Prepare("gmux-mem", paths)) return json{{"error", "cannot make a temp dir"}};
   const std::string socket = daemon.socket();
   const bool root = ::getuid() == 0;
   std::ostringstream cfg;
   cfg << "inflight_per_device = 2\nmemory_bytes = \"" << o.capacity << "\"\nmemory_slots = \""
-      << policy << "\"\nslot_bytes = \"" << o.slot << "\"\n\n[scheduler]\npolicy = \"fifo\"\n\n";
+      << policy << "\"\nslot_bytes = \"" << o.slot << "\"\nswap_batch = " << batch
+      << "\n\n[scheduler]\npolicy = \"fifo\"\n\n";
   for (int i = 0; i < o.tenants; ++i) {
     cfg << "[[tenant]]\nname = \"t" << i << "\"\nuids = [" << (root ? 60201 + i : ::getuid())
         << "]\n\n";
@@ -207,6 +210,7 @@ json RunOne(const DemoPaths& paths, const std::string& policy, const DemoMemoryO
     }
   }
   result["policy"] = policy;
+  result["swap_batch"] = batch;
   result["wall_s"] = wall;
   result["slots"] = slots;
   result["tenants"] = tenants;
@@ -234,16 +238,30 @@ int RunDemoMemory(const DemoMemoryOptions& o) {
     std::cerr << "(not root: every tenant process runs as the caller's uid and so is one tenant,"
                  " which must fit the capacity alone; run as root for the experiment)\n";
   }
+  std::vector<double> batches;
+  for (const std::string& b : SplitList(o.swap_batch)) {
+    char* end = nullptr;
+    const double v = std::strtod(b.c_str(), &end);
+    if (b.empty() || end == nullptr || *end != '\0' || !(v >= 0 && v <= 100)) {
+      std::cerr << "gmux demo memory: --swap-batch: '" << b << "' is not a number in [0, 100]\n";
+      return 2;
+    }
+    batches.push_back(v);
+  }
+  if (batches.empty()) batches.push_back(0);
   json runs = json::array();
   int failures = 0;
-  for (const std::string& p : policies) {
-    if (!o.json) std::cerr << "running " << p << " ...\n";
-    json r = RunOne(paths, p, o);
-    if (r.contains("error")) {
-      ++failures;
-      std::cerr << "gmux demo memory: " << p << ": " << r["error"].get<std::string>() << "\n";
+  for (double b : batches) {
+    for (const std::string& p : policies) {
+      if (!o.json) std::cerr << "running " << p << " with swap_batch " << b << " ...\n";
+      json r = RunOne(paths, p, b, o);
+      if (r.contains("error")) {
+        ++failures;
+        std::cerr << "gmux demo memory: " << p << " (swap_batch " << b
+                  << "): " << r["error"].get<std::string>() << "\n";
+      }
+      runs.push_back(std::move(r));
     }
-    runs.push_back(std::move(r));
   }
   // Measured here in this process, after the runs: tenants are forked from it, and a loader
   // and platform opened before a fork do not work in the child.
@@ -262,9 +280,9 @@ int RunDemoMemory(const DemoMemoryOptions& o) {
   std::printf("gmux demo memory: %d tenants x %d MiB on %s managed (slots of %s), %d rounds each,\n"
               "every result checked against the CPU; device copy bandwidth %.2f GB/s\n\n",
               o.tenants, o.mib, o.capacity.c_str(), o.slot.c_str(), o.rounds, copy_gbps);
-  std::printf("%-12s %11s %8s %8s %9s %8s %8s %9s %8s %7s\n", "policy", "slot copies",
-              "evict", "restore", "GiB out", "GiB in", "swap s", "swap GB/s", "x copy",
-              "wrong");
+  std::printf("%-12s %5s %11s %7s %8s %8s %9s %8s %8s %9s %7s %7s %6s\n", "policy", "batch",
+              "slot copies", "batches", "evict", "restore", "GiB out", "GiB in", "swap s",
+              "swap GB/s", "x copy", "wall s", "wrong");
   for (const json& r : runs) {
     if (!r.contains("slots")) {
       std::printf("%-12s  failed: %s\n", r.value("policy", std::string("?")).c_str(),
@@ -275,19 +293,22 @@ int RunDemoMemory(const DemoMemoryOptions& o) {
     int wrong = 0;
     for (const auto& t : r["tenants"]) wrong += std::max(0, t.value("rounds_wrong", 0));
     const double gbps = r.value("swap_gbps", 0.0);
-    std::printf("%-12s %11lld %8lld %8lld %9.2f %8.2f %8.2f %9.2f %8.2f %7d\n",
-                r.value("policy", std::string()).c_str(),
+    std::printf("%-12s %5.1f %11lld %7lld %8lld %8lld %9.2f %8.2f %8.2f %9.2f %7.2f %7.1f %6d\n",
+                r.value("policy", std::string()).c_str(), r.value("swap_batch", 0.0),
                 static_cast<long long>(s.value("slot_copies", int64_t{0})),
+                static_cast<long long>(s.value("batches", int64_t{0})),
                 static_cast<long long>(s.value("evictions", int64_t{0})),
                 static_cast<long long>(s.value("restores", int64_t{0})),
                 static_cast<double>(s.value("bytes_out", uint64_t{0})) / (1u << 30),
                 static_cast<double>(s.value("bytes_in", uint64_t{0})) / (1u << 30),
                 s.value("swap_out_s", 0.0) + s.value("swap_in_s", 0.0), gbps,
-                copy_gbps > 0 ? gbps / copy_gbps : 0.0, wrong);
+                copy_gbps > 0 ? gbps / copy_gbps : 0.0, r.value("wall_s", 0.0), wrong);
   }
   std::printf("\nslot copies: DymGPU's count (slots copied in by switches and moves); evict and\n"
               "restore: a tenant's whole data moved off the device and back, with the bytes and\n"
-              "time really spent; x copy: swap bandwidth over the device's own copy bandwidth.\n");
+              "time really spent; x copy: swap bandwidth over the device's own copy bandwidth;\n"
+              "batch: [daemon] swap_batch, batches: times a tenant kept the device after a swap-in;\n"
+              "wall s: until every tenant finished its rounds.\n");
   return failures == 0 ? 0 : 1;
 }
 

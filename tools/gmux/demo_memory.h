@@ -13,6 +13,7 @@ namespace gmux::cli {
 struct DemoMemoryOptions {
   bool json = false;
   std::string policies = "baseline,size,utilization";
+  std::string swap_batch = "0,2";  // [daemon] swap_batch values: every policy runs with each
   std::string capacity = "1GiB";  // [daemon] memory_bytes
   std::string slot = "64MiB";     // [daemon] slot_bytes (DymGPU's 64 MB)
   int tenants = 4;

@@ -128,6 +128,10 @@ int main(int argc, char** argv) {
   mem->add_flag("--json", mem_opts.json, "One JSON object with every run");
   mem->add_option("--policies", mem_opts.policies, "Comma-separated slot placement policies")
       ->capture_default_str();
+  mem->add_option("--swap-batch", mem_opts.swap_batch,
+                  "Comma-separated [daemon] swap_batch values; every policy runs with each "
+                  "(0: no batching)")
+      ->capture_default_str();
   mem->add_option("--capacity", mem_opts.capacity, "Managed device memory ([daemon] memory_bytes)")
       ->capture_default_str();
   mem->add_option("--slot", mem_opts.slot, "Slot size ([daemon] slot_bytes)")->capture_default_str();
@@ -138,7 +142,7 @@ int main(int argc, char** argv) {
   mem->add_option("--rounds", mem_opts.rounds, "Rounds per tenant (launches, clFinish, check)")
       ->capture_default_str()->check(CLI::Range(1, 100000));
   mem->footer(
-      "Each policy gets its own gmuxd with memory_slots set; tenants are separate processes (own\n"
+      "Each policy and swap_batch gets its own gmuxd with memory_slots set; tenants are separate processes (own\n"
       "uids when run as root). Tenant i bumps every word of its buffer max(1, 4-i) times per round\n"
       "(one launch + clFinish each), reads it all back and checks it, then thinks 25*i ms. The\n"
       "default (4 x 400 MiB on 1 GiB) needs ~8 GiB of host memory and takes a few minutes.\n"
