@@ -7,11 +7,14 @@
 //   kind = "slots"          name = "..."          description = "..." (optional)
 //   seed = 7                duration_s = 120      window_s = 1
 //   policies = ["baseline", "size", "utilization"]
-//   [device]     slots = 54, quantum_ms = 16, slot_copy_ms = 0.25
+//   [device]     slots = 54, quantum_ms = 16, slot_copy_ms = 0.25, swap_batch = 0 (gmuxd's)
 //   [allocator]  idle_detection, idle_threshold_s, monitor_period_s, utilization_window_s,
 //                replacement_period_s, replacement_only_if_better, baseline_weight_per_occupant
 //   order = "interleaved" | "grouped" | "shuffled"      repetitions = 1
 //   [[levels]]   name, workload (label), burst_ms, think_ms, sizes_slots = [6, 11, 16]
+//                or, instead of burst_ms and think_ms, a round of commands repeated:
+//                round_bursts_ms = [83, 83, 180], round_thinks_ms = [1, 300, 400] (the think
+//                after each command; one entry per command)
 //   [[sets]]     set = 1, counts = [11, 2, 2]   (one count per level, in [[levels]] order)
 // Tenants of a set are created at t = 0 with the levels interleaved (one of each level in turn
 // while any remain); the k-th tenant of a level needs sizes_slots[k mod len] slots.
@@ -36,6 +39,7 @@ struct Level {
   std::string workload;
   Duration burst{};
   Duration think{};
+  std::vector<Duration> round_bursts, round_thinks;
   std::vector<int32_t> sizes;
 };
 
@@ -133,12 +137,14 @@ Result<Scenario> Parse(const TomlDoc& doc) {
   GMUX_ASSIGN_OR_RETURN(const toml::table* device, doc.Table(root, "device", false));
   int64_t slots = 54;
   if (device != nullptr) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*device, {"slots", "quantum_ms", "slot_copy_ms"}));
+    GMUX_RETURN_IF_ERROR(
+        doc.OnlyKeys(*device, {"slots", "quantum_ms", "slot_copy_ms", "swap_batch"}));
     GMUX_ASSIGN_OR_RETURN(slots, doc.Integer(*device, "slots", 54, 1, 1 << 24));
     GMUX_ASSIGN_OR_RETURN(double quantum_ms, doc.Number(*device, "quantum_ms", 16, 1e-3, 1e6));
     GMUX_ASSIGN_OR_RETURN(double copy_ms, doc.Number(*device, "slot_copy_ms", 0.25, 0, 1e6));
     sc.base.quantum = Ms(quantum_ms);
     sc.base.slot_copy = Ms(copy_ms);
+    GMUX_ASSIGN_OR_RETURN(sc.base.batch, doc.Number(*device, "swap_batch", 0, 0, 100));
   }
   sc.base.allocator.slots = static_cast<int32_t>(slots);
   GMUX_ASSIGN_OR_RETURN(const toml::table* allocator, doc.Table(root, "allocator", false));
@@ -148,14 +154,48 @@ Result<Scenario> Parse(const TomlDoc& doc) {
   if (levels.empty()) return doc.Error(root.get("levels"), "levels", "needs at least one level");
   for (const toml::table* t : levels) {
     GMUX_RETURN_IF_ERROR(
-        doc.OnlyKeys(*t, {"name", "workload", "burst_ms", "think_ms", "sizes_slots"}));
+        doc.OnlyKeys(*t, {"name", "workload", "burst_ms", "think_ms", "sizes_slots",
+                          "round_bursts_ms", "round_thinks_ms"}));
     Level l;
     GMUX_ASSIGN_OR_RETURN(l.name, doc.String(*t, "name", std::nullopt));
     GMUX_ASSIGN_OR_RETURN(l.workload, doc.String(*t, "workload", l.name));
-    GMUX_ASSIGN_OR_RETURN(double burst_ms, doc.Number(*t, "burst_ms", std::nullopt, 1e-3, 1e6));
-    GMUX_ASSIGN_OR_RETURN(double think_ms, doc.Number(*t, "think_ms", std::nullopt, 0, 1e7));
-    l.burst = Ms(burst_ms);
-    l.think = Ms(think_ms);
+    if (t->contains("round_bursts_ms") || t->contains("round_thinks_ms")) {
+      if (t->contains("burst_ms") || t->contains("think_ms")) {
+        return doc.Error(t->get("burst_ms") ? t->get("burst_ms") : t->get("think_ms"),
+                         t->contains("burst_ms") ? "burst_ms" : "think_ms",
+                         "give either burst_ms and think_ms or round_bursts_ms and "
+                         "round_thinks_ms, not both");
+      }
+      GMUX_ASSIGN_OR_RETURN(std::vector<double> bursts,
+                            doc.Numbers(*t, "round_bursts_ms", std::nullopt));
+      GMUX_ASSIGN_OR_RETURN(std::vector<double> thinks,
+                            doc.Numbers(*t, "round_thinks_ms", std::nullopt));
+      if (bursts.empty() || bursts.size() != thinks.size()) {
+        return doc.Error(t->get("round_thinks_ms"), "round_thinks_ms",
+                         "needs one think time per command of round_bursts_ms (and at least one)");
+      }
+      for (size_t k = 0; k < bursts.size(); ++k) {
+        if (!(bursts[k] >= 1e-3 && bursts[k] <= 1e6) || !(thinks[k] >= 0 && thinks[k] <= 1e7)) {
+          return doc.Error(t->get("round_bursts_ms"), "round_bursts_ms",
+                           "bursts must be in [0.001, 1e6] ms and thinks in [0, 1e7] ms");
+        }
+        l.round_bursts.push_back(Ms(bursts[k]));
+        l.round_thinks.push_back(Ms(thinks[k]));
+      }
+      // Means over the round, for what reads them (tables, validation).
+      Duration b{0}, th{0};
+      for (size_t k = 0; k < bursts.size(); ++k) {
+        b += l.round_bursts[k];
+        th += l.round_thinks[k];
+      }
+      l.burst = b / static_cast<int64_t>(bursts.size());
+      l.think = th / static_cast<int64_t>(bursts.size());
+    } else {
+      GMUX_ASSIGN_OR_RETURN(double burst_ms, doc.Number(*t, "burst_ms", std::nullopt, 1e-3, 1e6));
+      GMUX_ASSIGN_OR_RETURN(double think_ms, doc.Number(*t, "think_ms", std::nullopt, 0, 1e7));
+      l.burst = Ms(burst_ms);
+      l.think = Ms(think_ms);
+    }
     GMUX_ASSIGN_OR_RETURN(std::vector<int64_t> sizes,
                           NonNegativeIntegers(doc, *t, "sizes_slots", slots));
     if (sizes.empty()) return doc.Error(t->get("sizes_slots"), "sizes_slots", "must not be empty");
@@ -200,6 +240,8 @@ std::vector<SlotsTenantSpec> TenantsOf(const Scenario& sc, const SetSpec& set, u
     t.slots = level.sizes[k % level.sizes.size()];
     t.burst = level.burst;
     t.think = level.think;
+    t.round_bursts = level.round_bursts;
+    t.round_thinks = level.round_thinks;
     out.push_back(std::move(t));
   };
   if (sc.order == Order::kGrouped) {
@@ -385,6 +427,8 @@ Result<ScenarioOutput> RunSlotsScenario(const TomlDoc& doc) {
             mean([](const SlotsSimResult& r) { return r.counters.skipped_replacements; })},
            {"shared_slots", shared},
            {"copy_time_s", copy_time},
+           {"swap_batch", sc.base.batch},
+           {"batches", mean([](const SlotsSimResult& r) { return r.batches; })},
            {"device_busy", busy},
            {"frames", frames},
            {"tenants", tenants}});

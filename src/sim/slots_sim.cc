@@ -15,6 +15,7 @@ Status SlotsSimOptions::Validate() const {
   if (tenants.empty()) return InvalidArgument("slots simulation needs at least one tenant");
   if (quantum <= Duration::zero()) return InvalidArgument("quantum must be > 0");
   if (slot_copy < Duration::zero()) return InvalidArgument("slot_copy must be >= 0");
+  if (!(batch >= 0)) return InvalidArgument("batch must be >= 0");
   if (duration <= Duration::zero()) return InvalidArgument("duration must be > 0");
   if (window <= Duration::zero()) return InvalidArgument("window must be > 0");
   for (size_t i = 0; i < tenants.size(); ++i) {
@@ -26,6 +27,14 @@ Status SlotsSimOptions::Validate() const {
     }
     if (t.burst <= Duration::zero()) return InvalidArgument(who + ": burst must be > 0");
     if (t.think < Duration::zero()) return InvalidArgument(who + ": think must be >= 0");
+    if (t.round_bursts.size() != t.round_thinks.size()) {
+      return InvalidArgument(who + ": needs one think per command of its round");
+    }
+    for (size_t k = 0; k < t.round_bursts.size(); ++k) {
+      if (t.round_bursts[k] <= Duration::zero() || t.round_thinks[k] < Duration::zero()) {
+        return InvalidArgument(who + ": round bursts must be > 0 and thinks >= 0");
+      }
+    }
   }
   return Status::Ok();
 }
@@ -72,12 +81,25 @@ class Simulation {
 
   static TenantId Id(size_t i) { return static_cast<TenantId>(i); }
 
+  // Mean think after the command just done, and mean burst of the next one (a round's k-th,
+  // or the tenant's one mean).
+  Duration MeanThink(size_t i) const {
+    const SlotsTenantSpec& spec = o_.tenants[i];
+    if (spec.round_thinks.empty()) return spec.think;
+    const size_t n = spec.round_thinks.size();
+    return spec.round_thinks[(tenants_[i].frames + n - 1) % n];
+  }
+  Duration MeanBurst(size_t i) const {
+    const SlotsTenantSpec& spec = o_.tenants[i];
+    if (spec.round_bursts.empty()) return spec.burst;
+    return spec.round_bursts[static_cast<size_t>(tenants_[i].frames) % spec.round_bursts.size()];
+  }
   Duration Think(size_t i) {
-    double ms = tenants_[i].rng.Exponential(ToMs(o_.tenants[i].think));
+    double ms = tenants_[i].rng.Exponential(ToMs(MeanThink(i)));
     return FromMs(ms);
   }
   Duration Burst(size_t i) {
-    double ms = ToMs(o_.tenants[i].burst) * tenants_[i].rng.Uniform(0.5, 1.5);
+    double ms = ToMs(MeanBurst(i)) * tenants_[i].rng.Uniform(0.5, 1.5);
     return std::max(FromMs(ms), Duration(std::chrono::microseconds(1)));
   }
   static double ToMs(Duration d) { return ToSeconds(d) * 1e3; }
@@ -90,28 +112,71 @@ class Simulation {
     if (!device_busy_) Dispatch();
   }
 
-  // Round robin: the next tenant after the last one that ran, with pending work.
+  // Whether switching to tenant j now would copy nothing (it owns every slot of its range).
+  bool Resident(size_t j) const {
+    auto start = alloc_.StartOf(Id(j));
+    if (!start.ok()) return false;
+    const auto& owners = alloc_.owners();
+    for (int32_t s = *start; s < *start + o_.tenants[j].slots; ++s) {
+      if (owners[static_cast<size_t>(s)] != Id(j)) return false;
+    }
+    return true;
+  }
+
+  // Round robin: the next tenant after the last one that ran, with pending work; a batch's
+  // tenant first while its batch lasts.
   void Dispatch() {
+    if (device_busy_) return;
     const size_t n = tenants_.size();
+    const TimePoint now = q_.now();
+    if (batch_ && now < batch_until_) {
+      const size_t b = *batch_;
+      if (tenants_[b].ready) return RunOn(b, now);
+      if (now < batch_last_end_ + batch_hold_) {
+        std::optional<size_t> next;
+        for (size_t step = 1; step <= n && !next; ++step) {
+          size_t i = (rr_last_ + step) % n;
+          if (tenants_[i].ready) next = i;
+        }
+        if (next && !Resident(*next)) {
+          // Held for the batch's tenant: woken by its next frame or when the hold ends.
+          const TimePoint wake = std::min(batch_until_, batch_last_end_ + batch_hold_);
+          q_.At(wake, [this] { Dispatch(); });
+          return;
+        }
+      } else {
+        batch_.reset();
+      }
+    } else {
+      batch_.reset();
+    }
     for (size_t step = 1; step <= n; ++step) {
       size_t i = (rr_last_ + step) % n;
       if (!tenants_[i].ready) continue;
-      const TimePoint now = q_.now();
-      auto copies = alloc_.SwitchTo(Id(i), now);
-      if (!copies.ok()) {
-        status_ = copies.status();
-        return;
-      }
-      Duration copy_time = o_.slot_copy * *copies;
-      copy_time_ += copy_time;
-      Duration run = std::min(o_.quantum, tenants_[i].remaining);
-      TimePoint begin = now + copy_time;
-      device_busy_ = true;
-      rr_last_ = i;
-      q_.At(begin + run, [this, i, begin, run] { EndQuantum(i, begin, run); });
+      return RunOn(i, now);
+    }
+  }
+
+  void RunOn(size_t i, TimePoint now) {
+    auto copies = alloc_.SwitchTo(Id(i), now);
+    if (!copies.ok()) {
+      status_ = copies.status();
       return;
     }
-    device_busy_ = false;
+    Duration copy_time = o_.slot_copy * *copies;
+    copy_time_ += copy_time;
+    if (o_.batch > 0 && *copies > 0) {
+      batch_ = i;
+      batch_hold_ = copy_time;
+      batch_until_ = now + copy_time +
+                     std::chrono::duration_cast<Duration>(copy_time * o_.batch);
+      ++batches_;
+    }
+    Duration run = std::min(o_.quantum, tenants_[i].remaining);
+    TimePoint begin = now + copy_time;
+    device_busy_ = true;
+    rr_last_ = i;
+    q_.At(begin + run, [this, i, begin, run] { EndQuantum(i, begin, run); });
   }
 
   void EndQuantum(size_t i, TimePoint begin, Duration run) {
@@ -127,6 +192,7 @@ class Simulation {
       ++t.frames;
       q_.At(now + Think(i), [this, i] { Arrive(i); });
     }
+    if (batch_ && *batch_ == i) batch_last_end_ = now;
     device_busy_ = false;
     Dispatch();
   }
@@ -144,6 +210,7 @@ class Simulation {
     r.counters = alloc_.counters();
     r.shared_slots = alloc_.SharedSlots();
     r.copy_time_s = ToSeconds(copy_time_);
+    r.batches = batches_;
     r.window_end_s = window_end_s_;
     r.cumulative_copies = cumulative_;
     const size_t n = tenants_.size();
@@ -185,6 +252,10 @@ class Simulation {
   std::vector<TenantRun> tenants_;
   size_t rr_last_;
   bool device_busy_ = false;
+  std::optional<size_t> batch_;  // the tenant whose batch runs
+  TimePoint batch_until_{}, batch_last_end_{};
+  Duration batch_hold_{0};
+  int64_t batches_ = 0;
   Duration copy_time_{0};
   std::vector<double> window_end_s_;
   std::vector<int64_t> cumulative_;

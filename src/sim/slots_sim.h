@@ -7,6 +7,10 @@
 // core::SlotAllocator for the slots to copy in; the copies take `slot_copy` each and delay the
 // quantum (a context switch copies the GTT before the vGPU runs). Re-placement copies are
 // counted but do not stall the device (the memory allocator runs beside the scheduler).
+// With `batch` > 0 (gmux's swap batching, not in the paper) a tenant switched in with copies
+// keeps the device for batch × their copy time: its next frames run ahead of the ring, and the
+// device waits through its think gaps (up to the copy time) when the next tenant in the ring
+// would need copies.
 //
 // Tenants are closed loops of frames: CPU think time, exponential with mean `think`, then a GPU
 // burst uniform in [0.5, 1.5] × `burst`. A tenant's utilisation level (low / medium / high) is
@@ -33,6 +37,9 @@ struct SlotsTenantSpec {
   int32_t slots = 6;                            // S_i
   Duration burst = std::chrono::milliseconds(4);    // mean GPU time per frame; > 0
   Duration think = std::chrono::milliseconds(40);   // mean CPU time between frames; >= 0
+  // A round of commands instead (both non-empty, same length): command k's mean GPU time and
+  // the mean think after it, repeated; burst and think are then unused.
+  std::vector<Duration> round_bursts, round_thinks;
 };
 
 struct SlotsSimOptions {
@@ -40,6 +47,10 @@ struct SlotsSimOptions {
   std::vector<SlotsTenantSpec> tenants;                // created at t = 0 in this order
   Duration quantum = std::chrono::milliseconds(16);    // gVirt's time slice
   Duration slot_copy = std::chrono::microseconds(250); // device time lost per slot copied in
+  // Swap batching, as gmuxd's [daemon] swap_batch: a tenant switched in with copies keeps the
+  // device for batch × the copy time, waiting through its think gaps up to the copy time when
+  // another tenant with work would need copies. 0: none (the paper's model).
+  double batch = 0;
   Duration duration = std::chrono::seconds(120);
   Duration window = std::chrono::seconds(1);           // λ windows and series sampling
   uint64_t seed = 1;
@@ -70,6 +81,7 @@ struct SlotsSimResult {
   double jain = 1;              // Jain's index on the run's device-time shares, equal weights
   double device_busy = 0;       // fraction of the run the device ran frames
   double copy_time_s = 0;       // device time spent copying slots in
+  int64_t batches = 0;          // swap batches started (options.batch > 0)
   int32_t shared_slots = 0;     // at the end of the run
   std::vector<double> window_end_s;       // time of each sample
   std::vector<int64_t> cumulative_copies; // switch + move copies up to each sample

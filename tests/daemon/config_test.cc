@@ -108,15 +108,19 @@ TEST(DaemonConfigTest, MemorySlotsAreOffUnlessAPlacementPolicyIsNamed) {
   EXPECT_EQ(none->memory_slots, "off");
   EXPECT_EQ(none->slot_bytes, 64ull << 20);  // DymGPU's 64 MB slots
   EXPECT_EQ(none->memory_idle_s, 20.0);      // and its 20 s idle rule
+  EXPECT_EQ(none->swap_batch, 2.0);          // swaps batched by default
   auto on = ParseDaemonConfig(
-      "[daemon]\nmemory_slots = \"utilization\"\nslot_bytes = \"8MiB\"\nmemory_idle_s = 2\n",
+      "[daemon]\nmemory_slots = \"utilization\"\nslot_bytes = \"8MiB\"\nmemory_idle_s = 2\n"
+      "swap_batch = 0\n",
       "g.toml");
   ASSERT_TRUE(on.ok()) << on.status().message();
   EXPECT_EQ(on->memory_slots, "utilization");
   EXPECT_EQ(on->slot_bytes, 8ull << 20);
   EXPECT_EQ(on->memory_idle_s, 2.0);
+  EXPECT_EQ(on->swap_batch, 0.0);
   for (const char* bad : {"memory_slots = \"lru\"", "memory_slots = 3", "slot_bytes = \"4KiB\"",
-                          "memory_idle_s = 0"}) {
+                          "memory_idle_s = 0", "swap_batch = -1", "swap_batch = 101",
+                          "swap_batch = \"2\""}) {
     auto r = ParseDaemonConfig(std::string("[daemon]\n") + bad + "\n", "g.toml");
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("g.toml:2"), std::string::npos) << r.status().message();

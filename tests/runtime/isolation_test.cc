@@ -1778,8 +1778,11 @@ std::string SlotsConfig(const std::string& policy, const std::string& extra = ""
 // Three tenants of 40 MiB (plus a 4 MiB image each) on 64 MiB of managed memory: each alone
 // fits, together they do not, so every switch between them moves data off the device and back.
 // Every result stays what it would be without gmux, across all those moves, under `policy`.
-void ExpectOversubscribedTenantsKeepTheirData(PrivateDaemon& daemon, const std::string& policy) {
-  ASSERT_NO_FATAL_FAILURE(daemon.Start(SlotsConfig(policy)));
+// `swap_batch`: the daemon's swap batching (docs/operations.md), off, default or long.
+void ExpectOversubscribedTenantsKeepTheirData(PrivateDaemon& daemon, const std::string& policy,
+                                              double swap_batch) {
+  ASSERT_NO_FATAL_FAILURE(
+      daemon.Start(SlotsConfig(policy, "swap_batch = " + std::to_string(swap_batch) + "\n")));
   std::vector<Child> kids;
   for (int i = 0; i < 3; ++i) {
     ChildOptions o;
@@ -1804,23 +1807,35 @@ void ExpectOversubscribedTenantsKeepTheirData(PrivateDaemon& daemon, const std::
   EXPECT_GT(slots.value("evictions", 0), 0) << slots.dump();
   EXPECT_GT(slots.value("restores", 0), 0) << slots.dump();
   EXPECT_GE(slots.value("bytes_out", uint64_t{0}), 40 * kMiB) << slots.dump();
+  EXPECT_EQ(slots.value("swap_batch", -1.0), swap_batch);
+  if (swap_batch == 0) {
+    EXPECT_EQ(slots.value("batches", -1), 0) << slots.dump();
+    EXPECT_EQ(slots.value("batched_dispatches", -1), 0) << slots.dump();
+  } else {
+    // Every swap-in starts a batch; within one, the tenant's next launch (a clFinish away) is
+    // taken out of turn (the batch lasts 100 x the move, at least milliseconds).
+    EXPECT_GT(slots.value("batches", 0), 0) << slots.dump();
+    if (swap_batch >= 100) {
+      EXPECT_GT(slots.value("batched_dispatches", 0), 0) << slots.dump();
+    }
+  }
 }
 
 TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderBaselineSlots) {
   if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
-  ExpectOversubscribedTenantsKeepTheirData(daemon_, "baseline");
+  ExpectOversubscribedTenantsKeepTheirData(daemon_, "baseline", 0);  // DymGPU's own: no batching
   ExpectAlive("after oversubscribed tenants");
 }
 
 TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderSizeSlots) {
   if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
-  ExpectOversubscribedTenantsKeepTheirData(daemon_, "size");
+  ExpectOversubscribedTenantsKeepTheirData(daemon_, "size", 2);  // the default
   ExpectAlive("after oversubscribed tenants");
 }
 
 TEST_F(IsolationTest, OversubscribedTenantsKeepTheirDataUnderUtilizationSlots) {
   if (!RunningAsRoot()) GTEST_SKIP() << "tenants by uid need root";
-  ExpectOversubscribedTenantsKeepTheirData(daemon_, "utilization");
+  ExpectOversubscribedTenantsKeepTheirData(daemon_, "utilization", 100);
   ExpectAlive("after oversubscribed tenants");
 }
 

@@ -54,7 +54,7 @@ TEST(SlotsSimTest, LoneTenantCopiesItsSlotsOnce) {
   o.allocator.slots = 10;
   o.duration = std::chrono::seconds(10);
   o.tenants = {SlotsTenantSpec{"a", "high", 7, std::chrono::milliseconds(20),
-                               std::chrono::milliseconds(5)}};
+                               std::chrono::milliseconds(5), {}, {}}};
   auto r = RunSlotsSim(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->counters.switches, 1);
@@ -67,7 +67,8 @@ TEST(SlotsSimTest, ExclusiveTenantsStopCopyingSharedOnesDoNot) {
   SlotsSimOptions o;
   o.allocator.slots = 8;
   o.duration = std::chrono::seconds(10);
-  SlotsTenantSpec t{"x", "high", 4, std::chrono::milliseconds(10), std::chrono::milliseconds(10)};
+  SlotsTenantSpec t{"x", "high", 4, std::chrono::milliseconds(10), std::chrono::milliseconds(10),
+                    {}, {}};
   o.tenants = {t, t};
   auto fit = RunSlotsSim(o);
   ASSERT_TRUE(fit.ok());
@@ -81,11 +82,54 @@ TEST(SlotsSimTest, ExclusiveTenantsStopCopyingSharedOnesDoNot) {
   EXPECT_GT(shared->copy_time_s, 0);
 }
 
+// Swap batching (gmuxd's swap_batch): a tenant switched in with copies keeps the device for a
+// multiple of their cost, so two tenants that must share slots switch, and copy, less often.
+TEST(SlotsSimTest, SwapBatchingCutsSwitchesAndCopies) {
+  SlotsSimOptions o;
+  o.allocator.slots = 8;
+  o.duration = std::chrono::seconds(20);
+  o.slot_copy = std::chrono::milliseconds(5);
+  SlotsTenantSpec t{"x", "high", 6, std::chrono::milliseconds(10), std::chrono::milliseconds(2),
+                    {}, {}};
+  o.tenants = {t, t};
+  auto plain = RunSlotsSim(o);
+  ASSERT_TRUE(plain.ok());
+  o.batch = 4;
+  auto batched = RunSlotsSim(o);
+  ASSERT_TRUE(batched.ok());
+  EXPECT_EQ(plain->batches, 0);
+  EXPECT_GT(batched->batches, 10);
+  // Each switch copies the 4 shared slots (20 ms); a batch then lasts 80 ms, several frames.
+  EXPECT_LT(batched->counters.total_copies() * 2, plain->counters.total_copies());
+  EXPECT_GT(batched->tenants[0].frames + batched->tenants[1].frames,
+            plain->tenants[0].frames + plain->tenants[1].frames);
+  o.batch = -1;
+  EXPECT_FALSE(RunSlotsSim(o).ok());
+}
+
+// A round of commands: bursts and thinks in order, repeated.
+TEST(SlotsSimTest, RoundsRunTheirCommandsInOrder) {
+  SlotsSimOptions o;
+  o.allocator.slots = 4;
+  o.duration = std::chrono::seconds(10);
+  SlotsTenantSpec t{"r", "high", 2, std::chrono::milliseconds(1), std::chrono::milliseconds(1),
+                    {std::chrono::milliseconds(10), std::chrono::milliseconds(30)},
+                    {std::chrono::milliseconds(0), std::chrono::milliseconds(60)}};
+  o.tenants = {t};
+  auto r = RunSlotsSim(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // 100 ms per round on average (40 of device time): ~200 commands in 10 s, device busy ~40 %.
+  EXPECT_NEAR(static_cast<double>(r->tenants[0].frames), 200, 40);
+  EXPECT_NEAR(r->device_busy, 0.4, 0.08);
+  o.tenants[0].round_thinks.pop_back();
+  EXPECT_FALSE(RunSlotsSim(o).ok());
+}
+
 TEST(SlotsSimTest, BadOptionsAreErrors) {
   SlotsSimOptions o;
   EXPECT_FALSE(RunSlotsSim(o).ok());  // no tenants
   o.tenants = {SlotsTenantSpec{"big", "high", 55, std::chrono::milliseconds(1),
-                               std::chrono::milliseconds(1)}};
+                               std::chrono::milliseconds(1), {}, {}}};
   auto r = RunSlotsSim(o);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("'big'"), std::string::npos) << r.status().message();
@@ -159,6 +203,15 @@ TEST(SlotsScenarioTest, BrokenFilesNameFileLineAndKey) {
   EXPECT_NE(Error(negative).find("key 'think_ms'"), std::string::npos) << Error(negative);
 
   EXPECT_NE(Error("kind = \"slots\"\n").find("key 'levels'"), std::string::npos);
+
+  std::string both = text;
+  both.replace(both.find("think_ms = 100"), 14,
+               "think_ms = 100\nround_bursts_ms = [1]\nround_thinks_ms = [1]");
+  EXPECT_NE(Error(both).find("not both"), std::string::npos) << Error(both);
+  std::string round = text;
+  round.replace(round.find("burst_ms = 1\nthink_ms = 100"), 27,
+                "round_bursts_ms = [3]\nround_thinks_ms = [1, 2]");
+  EXPECT_NE(Error(round).find("one think time per command"), std::string::npos) << Error(round);
 }
 
 // The direction of the paper's results on the shipped scenario files.
@@ -202,6 +255,17 @@ TEST(SlotsScenarioTest, DemoMemoryMirrorCopiesUnderEveryPolicy) {
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   for (const char* policy : {"baseline", "size", "utilization"}) {
     EXPECT_GT(Summary(out->json, 1, policy), 28.0) << policy;
+  }
+}
+
+// With swap batching (the daemon's default), the mirror copies less under every policy.
+TEST(SlotsScenarioTest, DemoMemoryMirrorWithBatchingCopiesLess) {
+  auto plain = RunScenarioFile(kSource + "/scenarios/dymgpu-demo-memory.toml");
+  auto batch = RunScenarioFile(kSource + "/scenarios/dymgpu-demo-memory-batch.toml");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  for (const char* policy : {"baseline", "size", "utilization"}) {
+    EXPECT_LT(Summary(batch->json, 1, policy), Summary(plain->json, 1, policy)) << policy;
   }
 }
 
