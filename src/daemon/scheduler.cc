@@ -691,6 +691,7 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
       return false;
     }
     sw.asked = true;
+    sw.asked_at = Now();
     for (TenantId v : sw.victims) AskEvict(di, v, &sw);
     if (!d.switching) return true;  // a dropped worker was the one waiting
   }
@@ -716,7 +717,14 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
   }
   Switch done = std::move(*d.switching);
   d.switching.reset();
-  d.last_switch_wait = Now() - done.since;
+  // The victims' moves off the device (from kEvict to the last answer; waiting for their own
+  // commands to finish is theirs) are the incoming tenant's switch cost, DymGPU's rule: added
+  // to its next completion's device time, as its own swap-in is.
+  d.last_switch_wait = done.asked ? Now() - done.asked_at : Duration(0);
+  TenantStats& in = tenants_[done.pick.tenant];
+  in.swap_charge_ns.resize(devices_.size());
+  in.swap_charge_ns[di] += static_cast<uint64_t>(d.last_switch_wait.count());
+  in.evict_wait_s += ToSeconds(d.last_switch_wait);
   Release(di, done.pick, done.q);
   return true;
 }
@@ -1066,6 +1074,8 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
            {"watchdog_kills", t.watchdog_kills},
            {"command_time_limit_s", ToSeconds(t.command_time_limit)},
            {"swap", SwapJson(t.swaps)}};
+    // Others' data moved off a device to make room for this tenant, charged to it.
+    x["swap"]["evict_wait_s"] = t.evict_wait_s;
     size_t pending = 0;
     for (const auto& d : devices_) {
       pending += d.policy->Pending(id);

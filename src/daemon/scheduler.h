@@ -150,6 +150,7 @@ class Scheduler {
     std::unordered_map<uint64_t, uint64_t> waiting;  // session -> kEvict epoch not answered yet
     bool asked = false;                               // kEvict sent
     TimePoint since{};
+    TimePoint asked_at{};                             // when kEvict was sent
   };
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;
@@ -268,6 +269,7 @@ class Scheduler {
     // charged (added to its next completion's device time there).
     SwapCounters swaps;
     std::vector<uint64_t> swap_charge_ns;  // per device
+    double evict_wait_s = 0;               // others' moves off a device made for it (charged)
   };
   std::map<TenantId, TenantStats> tenants_;
   uint64_t worker_deaths_ = 0;

@@ -1808,6 +1808,12 @@ void ExpectOversubscribedTenantsKeepTheirData(PrivateDaemon& daemon, const std::
   EXPECT_GT(slots.value("restores", 0), 0) << slots.dump();
   EXPECT_GE(slots.value("bytes_out", uint64_t{0}), 40 * kMiB) << slots.dump();
   EXPECT_EQ(slots.value("swap_batch", -1.0), swap_batch);
+  // The victims' moves were charged to the tenants they made room for.
+  double evict_wait = 0;
+  for (const auto& t : st.value("tenants", json::array())) {
+    evict_wait += t.value("swap", json::object()).value("evict_wait_s", 0.0);
+  }
+  EXPECT_GT(evict_wait, 0) << st.dump(1);
   if (swap_batch == 0) {
     EXPECT_EQ(slots.value("batches", -1), 0) << slots.dump();
     EXPECT_EQ(slots.value("batched_dispatches", -1), 0) << slots.dump();
