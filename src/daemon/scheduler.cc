@@ -36,6 +36,8 @@ constexpr std::chrono::seconds kRevokeLimit{60};
 // How long a release waits for the tenants in its way to move their data off the device before
 // the late workers are ended (oversubscription; eviction runs at host-memory copy speed).
 constexpr std::chrono::seconds kEvictTimeout{30};
+// The longest swap batch, whatever the move cost (docs/policies.md, SlotAllocator decision 19).
+constexpr std::chrono::seconds kMaxBatch{10};
 
 }  // namespace
 
@@ -534,6 +536,12 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
   for (uint32_t di = 0; di < devices_.size(); ++di) FreeMemory(w, di, w.mem_held[di]);
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end() && t->second.sessions > 0) --t->second.sessions;
+  if (t == tenants_.end() || t->second.sessions == 0) {
+    // Nobody left to batch for: the device is not held for a tenant that is gone.
+    for (auto& d : devices_) {
+      if (d.batch && d.batch->tenant == w.tenant) d.batch.reset();
+    }
+  }
   if (on_worker_gone_) on_worker_gone_(w.session, w.pid, why);
 }
 
@@ -729,6 +737,12 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
   return true;
 }
 
+Duration Scheduler::BatchLength(Duration cost) const {
+  // swap_batch x the move, but never more than kMaxBatch: a tenant with a huge working set
+  // does not get the device for as long as it likes by making its moves slow.
+  return std::min<Duration>(std::chrono::duration_cast<Duration>(cost * swap_batch_), kMaxBatch);
+}
+
 std::optional<core::Dispatch> Scheduler::BatchPick(uint32_t di, bool& hold) {
   DeviceState& d = devices_[di];
   DeviceState::Batch& b = *d.batch;
@@ -819,7 +833,7 @@ void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
     if (r.out == 0 && d.batch && d.batch->tenant == w.tenant) {
       const Duration in(static_cast<int64_t>(r.ns));
       d.batch->cost += in;
-      d.batch->until += std::chrono::duration_cast<Duration>(in * swap_batch_);
+      d.batch->until = d.batch->start + BatchLength(d.batch->cost);
     }
   }
 }
@@ -847,9 +861,7 @@ void Scheduler::Release(uint32_t di, const core::Dispatch& pick, const Queued& q
       // Its data comes back: a batch starts, as long as swap_batch × what the move costs (the
       // wait for victims now, its swap-in time when its worker reports it).
       const Duration cost = d.last_switch_wait;
-      d.batch = DeviceState::Batch{pick.tenant, Now(),
-                                   Now() + std::chrono::duration_cast<Duration>(cost * swap_batch_),
-                                   cost};
+      d.batch = DeviceState::Batch{pick.tenant, Now(), Now() + BatchLength(cost), cost};
       ++d.batches;
     }
     d.last_switch_wait = Duration(0);

@@ -210,6 +210,7 @@ class Scheduler {
   // Swap batching: the batch's next dispatch out of turn, or nullopt with `hold` set when the
   // device waits for the batch's tenant (thinking), or nullopt and the batch over.
   std::optional<core::Dispatch> BatchPick(uint32_t device, bool& hold);
+  Duration BatchLength(Duration cost) const;  // swap_batch x cost, at most kMaxBatch
   void SlotMonitor();
   void AskEvict(uint32_t device, TenantId tenant, Switch* sw);
   void Release(uint32_t device, const core::Dispatch& pick, const Queued& q);
