@@ -147,7 +147,30 @@ cl_int CL_API_CALL GetKernelWorkGroupInfo(cl_kernel k, cl_device_id d,
     if (k->program->devices.size() != 1) return CL_INVALID_DEVICE;
     d = k->program->devices[0];
   }
-  return RemoteInfoOut(wire::ObjectKind::KERNEL, k->id, param, size, value, size_ret, d);
+  // Fixed once the program is built, so cached per device (CL_KERNEL_LOCAL_MEM_SIZE is not: it
+  // counts the __local arguments set since). Only successful answers are kept.
+  const bool fixed = param == CL_KERNEL_WORK_GROUP_SIZE ||
+                     param == CL_KERNEL_COMPILE_WORK_GROUP_SIZE ||
+                     param == CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE ||
+                     param == CL_KERNEL_PRIVATE_MEM_SIZE;
+  if (!fixed) return RemoteInfoOut(wire::ObjectKind::KERNEL, k->id, param, size, value, size_ret, d);
+  const std::pair<const void*, cl_uint> key{d, param};
+  {
+    std::lock_guard<std::mutex> lock(k->mu);
+    for (const auto& [at, v] : k->wg_info) {
+      if (at == key) return CopyOut(v.data(), v.size(), size, value, size_ret);
+    }
+  }
+  std::vector<uint8_t> v;
+  cl_int err = RemoteInfo(wire::ObjectKind::KERNEL, k->id, param, v, d);
+  if (err != CL_SUCCESS) return err;
+  {
+    std::lock_guard<std::mutex> lock(k->mu);
+    bool known = false;
+    for (const auto& e : k->wg_info) known = known || e.first == key;
+    if (!known) k->wg_info.emplace_back(key, v);
+  }
+  return CopyOut(v.data(), v.size(), size, value, size_ret);
 }
 
 cl_int CL_API_CALL GetKernelArgInfo(cl_kernel k, cl_uint index, cl_kernel_arg_info param,

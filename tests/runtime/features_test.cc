@@ -262,6 +262,61 @@ TEST_P(FeaturesTest, ProgramBinariesRoundTrip) {
   clReleaseProgram(p);
 }
 
+// clGetKernelWorkGroupInfo: the fixed answers (kept by the ICD per kernel and device) stay the
+// same and behave like any info query; CL_KERNEL_LOCAL_MEM_SIZE follows the __local arguments.
+TEST_P(FeaturesTest, KernelWorkGroupInfoIsStableAndLocalMemoryFollowsArguments) {
+  cl_int err = CL_SUCCESS;
+  cl_program p = BuildProgram(
+      d_, "__kernel void loc(__global int* a, __local int* t) {\n"
+          "  t[get_local_id(0)] = (int)get_global_id(0);\n"
+          "  barrier(CLK_LOCAL_MEM_FENCE);\n"
+          "  a[get_global_id(0)] = t[get_local_id(0)];\n}\n");
+  ASSERT_NE(p, nullptr);
+  cl_kernel k = clCreateKernel(p, "loc", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  for (cl_kernel_work_group_info param :
+       {CL_KERNEL_WORK_GROUP_SIZE, CL_KERNEL_PREFERRED_WORK_GROUP_SIZE_MULTIPLE}) {
+    size_t first = 0, again = 0, ret = 0;
+    ASSERT_EQ(clGetKernelWorkGroupInfo(k, d_.device, param, sizeof(first), &first, &ret),
+              CL_SUCCESS);
+    EXPECT_EQ(ret, sizeof(size_t));
+    EXPECT_GT(first, 0u);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(clGetKernelWorkGroupInfo(k, d_.device, param, sizeof(again), &again, nullptr),
+                CL_SUCCESS);
+      EXPECT_EQ(again, first) << param;
+    }
+    ret = 0;
+    EXPECT_EQ(clGetKernelWorkGroupInfo(k, d_.device, param, 0, nullptr, &ret), CL_SUCCESS);
+    EXPECT_EQ(ret, sizeof(size_t));
+    uint8_t small = 0;
+    EXPECT_EQ(clGetKernelWorkGroupInfo(k, d_.device, param, 1, &small, nullptr), CL_INVALID_VALUE);
+  }
+  size_t compile[3] = {9, 9, 9};
+  ASSERT_EQ(clGetKernelWorkGroupInfo(k, d_.device, CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+                                     sizeof(compile), compile, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(compile[0], 0u);  // no reqd_work_group_size
+  cl_ulong small_local = 0, big_local = 0;
+  ASSERT_EQ(clSetKernelArg(k, 1, 1024, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clGetKernelWorkGroupInfo(k, d_.device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof(small_local),
+                                     &small_local, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clSetKernelArg(k, 1, 8192, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clGetKernelWorkGroupInfo(k, d_.device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof(big_local),
+                                     &big_local, nullptr),
+            CL_SUCCESS);
+  EXPECT_GE(big_local, small_local);
+  if (small_local >= 1024) {
+    EXPECT_GE(big_local, small_local + 7168);  // the backend counts the argument
+  }
+  EXPECT_EQ(clGetKernelWorkGroupInfo(nullptr, d_.device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(size_t),
+                                     compile, nullptr),
+            CL_INVALID_KERNEL);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+}
+
 TEST_P(FeaturesTest, BuildFailureReturnsTheCompilerLog) {
   std::string log;
   cl_program p = BuildProgram(d_, "__kernel void broken(__global int* a) { a[0] = undefined_thing; }", &log);
