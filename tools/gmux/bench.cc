@@ -231,6 +231,25 @@ double MatmulMs(Dev& d, int n) {
   return ms;
 }
 
+// clGetKernelWorkGroupInfo(CL_KERNEL_WORK_GROUP_SIZE) as a program asks before each launch:
+// microseconds per query, one sample per query.
+std::vector<double> WorkGroupQueryUs(Dev& d, int n) {
+  cl_int err = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(d.prog, "matmul", &err);
+  Check(k != nullptr, d.label + ": clCreateKernel");
+  std::vector<double> us;
+  for (int i = 0; i < n; ++i) {
+    size_t wg = 0;
+    auto s = Clock::now();
+    Check(clGetKernelWorkGroupInfo(k, d.device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(wg), &wg,
+                                   nullptr) == CL_SUCCESS && wg > 0,
+          d.label + ": clGetKernelWorkGroupInfo");
+    us.push_back(Seconds(Clock::now() - s) * 1e6);
+  }
+  clReleaseKernel(k);
+  return us;
+}
+
 // One 64-byte ping-pong with another process over a Unix socket pair: microseconds, p50.
 double SocketRoundTripUs(int n) {
   int sv[2];
@@ -431,7 +450,7 @@ int RunBench(const BenchOptions& o) {
   out["socket_round_trip_us"] = rtt;
   try {
     // Each workload alternates the platforms `repeat` times; the median run is reported.
-    std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2];
+    std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2], wgq[2];
     Dev* devs[2] = {&nat, &gm};
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) {
@@ -451,6 +470,11 @@ int RunBench(const BenchOptions& o) {
         allocs[i].push_back(Percentile(CreateReleaseUs(*devs[i], o.quick ? 100 : 1000), 0.5));
       }
     }
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        wgq[i].push_back(Percentile(WorkGroupQueryUs(*devs[i], o.quick ? 100 : 2000), 0.5));
+      }
+    }
     const char* names[2] = {"native", "gmux"};
     for (int i = 0; i < 2; ++i) {
       out["launch_us"][names[i]] = {{"p50", Median(p50[i])}, {"p99", Median(p99[i])}};
@@ -458,6 +482,7 @@ int RunBench(const BenchOptions& o) {
       out["matmul_ms"][names[i]] = Median(mms[i]);
       out["matmul_n"] = mm;
       out["create_release_us"][names[i]] = Median(allocs[i]);
+      out["work_group_query_us"][names[i]] = Median(wgq[i]);
     }
     out["transfers"] = json::array();
     for (size_t b : sizes) {
@@ -508,6 +533,8 @@ int RunBench(const BenchOptions& o) {
   row(std::to_string(mm) + "^2 matmul end to end (ms)", mn, mg, mg / mn, "<= 1.02");
   const double an = out["create_release_us"]["native"], ag = out["create_release_us"]["gmux"];
   row("1 MiB create + release p50 (us)", an, ag, ag / an, "");
+  const double gn = out["work_group_query_us"]["native"], gg = out["work_group_query_us"]["gmux"];
+  row("work-group size query p50 (us)", gn, gg, gn > 0 ? gg / gn : 0, "");
   std::printf("%-36s %12.1f\n", "Unix socket round trip p50 (us)", rtt);
   return 0;
 }

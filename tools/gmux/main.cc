@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
   bench->footer(
       "Workloads, each written as an ordinary program writes it (blocking calls, std::vector):\n"
       "a 1-work-item launch + clFinish (p50, p99), 20,000 launches then one clFinish, blocking\n"
-      "writes and reads of each size, a 512x512 matrix multiply end to end; every result is\n"
+      "writes and reads of each size, a 512x512 matrix multiply end to end, a work-group size\n"
+      "query (clGetKernelWorkGroupInfo, as before each launch); every result is\n"
       "checked. Also a 64-byte Unix socket round trip between two processes, the unit of the\n"
       "latency goal. Exit 1 when a result is wrong or a call fails. Takes about a minute.");
 
