@@ -178,6 +178,9 @@ std::pair<double, double> Transfer(Dev& d, size_t bytes, size_t total) {
     Check(clEnqueueWriteBuffer(d.q, m, CL_TRUE, 0, bytes, out.data(), 0, nullptr, nullptr) ==
               CL_SUCCESS, d.label + ": write");
   }
+  // A blocking write may return once the data is copied out (gmux's does): the writes are done
+  // when the queue is, and the reads below must not pay for a backlog of them.
+  Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish after the writes");
   const double write = static_cast<double>(bytes * iters) / Seconds(Clock::now() - s) / 1e9;
   s = Clock::now();
   for (size_t i = 0; i < iters; ++i) {
