@@ -150,6 +150,7 @@ class CreditPolicy final : public Policy {
   void Tick(TimePoint now) override;
   std::optional<Dispatch> Pick(TimePoint now) override;
   std::optional<Dispatch> PickTenant(TenantId tenant, TimePoint now) override;
+  bool PicksOutOfTurn() const override { return true; }
   std::optional<TimePoint> NextTimer() const override;
   void ReportCpuTime(TenantId tenant, Duration cumulative_cpu, TimePoint now) override;
   void ReportMemory(TenantId tenant, uint64_t bytes, TimePoint now) override;

@@ -76,6 +76,8 @@ class Policy {
   virtual std::optional<Dispatch> PickTenant(TenantId /*tenant*/, TimePoint /*now*/) {
     return std::nullopt;
   }
+  // Whether PickTenant() can return anything (false: the driver does not batch for it).
+  virtual bool PicksOutOfTurn() const { return false; }
 
   // Express dispatch (docs/policies.md, "Express dispatch"). While one tenant has had a device
   // to itself, the driver may let that tenant's commands start without a Pick() and account them

@@ -33,6 +33,7 @@ class RrPolicy final : public Policy {
   void Tick(TimePoint) override {}
   std::optional<Dispatch> Pick(TimePoint now) override;
   std::optional<Dispatch> PickTenant(TenantId tenant, TimePoint now) override;
+  bool PicksOutOfTurn() const override { return true; }
   size_t Pending(TenantId tenant) const override;
   // Neither holds back nor splits: a lone tenant's blocks go out whole, in order.
   bool ExpressOk(TenantId, TimePoint) const override { return true; }

@@ -857,7 +857,7 @@ void Scheduler::Release(uint32_t di, const core::Dispatch& pick, const Queued& q
   if (d.slots) {
     (void)d.slots->SwitchTo(pick.tenant, Now());
     bool& on = d.resident[pick.tenant];
-    if (!on && swap_batch_ > 0) {
+    if (!on && swap_batch_ > 0 && d.policy->PicksOutOfTurn()) {
       // Its data comes back: a batch starts, as long as swap_batch × what the move costs (the
       // wait for victims now, its swap-in time when its worker reports it).
       const Duration cost = d.last_switch_wait;

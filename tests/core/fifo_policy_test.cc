@@ -57,6 +57,7 @@ TEST(FifoPolicyTest, OutOfTurnPickTakesTheTenantsOldestBlockAheadOfOthers) {
   p.Submit(Kernel(1, 1, 64), t);
   p.Submit(Kernel(2, 2, 64), t);
   p.Submit(Kernel(3, 2, 64), t);
+  EXPECT_TRUE(p.PicksOutOfTurn());
   auto d = p.PickTenant(2, t);
   ASSERT_TRUE(d);
   EXPECT_EQ(d->block, 2u);

@@ -98,6 +98,20 @@ TEST(SplitPolicyTest, FirstChunkFollowsEquation2) {
   }
 }
 
+// Rounds are not per pick: split takes no out-of-turn picks, so the daemon does not batch swaps
+// for it (docs/policies.md, SlotAllocator decision 19).
+TEST(SplitPolicyTest, TakesNoOutOfTurnPicks) {
+  SplitPolicy p(SplitPolicyOptions{});
+  p.AddTenant({1, "a", 1}, kT);
+  p.AddTenant({2, "b", 1}, kT);
+  p.Submit(Kernel(1, 1, 64 * 100), kT);
+  p.Submit(Kernel(2, 2, 64 * 100), kT);
+  EXPECT_FALSE(p.PicksOutOfTurn());
+  EXPECT_FALSE(p.PickTenant(2, kT).has_value());
+  EXPECT_EQ(p.Pending(2), 1u);
+  EXPECT_TRUE(p.Pick(kT).has_value());
+}
+
 TEST(SplitPolicyTest, ChunkSizeIsNeverZero) {
   // 64 cores * beta 1 / 6 tenants = 10.7 work-items: rounds down to 0, so one wavefront is used.
   SplitPolicy p(Options(64, 1));
