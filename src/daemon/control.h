@@ -182,7 +182,9 @@ struct Swapped {
   uint32_t device = 0;
   uint8_t out = 0;       // 1: to host memory (evicted), 0: back to the device (restored)
   uint8_t ok = 1;        // 0: something could not be moved (it stayed where it was)
-  uint16_t reserved = 0;
+  uint8_t on_demand = 0; // 1 (in only): brought back outside a command (an info query, a
+                         // sub-buffer), while the broker counts the tenant's data as off the device
+  uint8_t reserved = 0;
 };
 
 struct StatsQuery {

@@ -190,11 +190,27 @@ cl_int Residency::UseLocked(const std::shared_ptr<Allocation>& a) {
   const uint64_t bytes = a->store_bytes;
   cl_int err = Make(*a);
   if (err == CL_SUCCESS && bytes != 0) {
+    const auto took = std::chrono::steady_clock::now() - t0;
     ++totals_.restores;
     totals_.bytes_in += bytes;
-    totals_.time_in += std::chrono::steady_clock::now() - t0;
+    totals_.time_in += took;
+    if (on_demand_) {
+      for (uint32_t d = 0; d < devices_.size(); ++d) {
+        if (!Evicted(d) || !OnDevice(*a, d)) continue;
+        Moved m;
+        m.objects = 1;
+        m.bytes = bytes;
+        m.time = std::chrono::duration_cast<std::chrono::nanoseconds>(took);
+        on_demand_(d, m);
+      }
+    }
   }
   return err;
+}
+
+void Residency::SetOnDemand(OnDemand f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_demand_ = std::move(f);
 }
 
 Residency::Moved Residency::Evict(uint32_t device) {

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -96,8 +97,12 @@ class Residency {
   void Clear();
 
   // Makes `a` (and what it lies in) resident if it is not (Lock() held). CL_SUCCESS or the
-  // backend's error.
+  // backend's error. A restore on a device whose data is evicted is told to the on-demand
+  // callback (still under the lock), once per such device, so the broker can count the data as
+  // on the device again.
   cl_int UseLocked(const std::shared_ptr<Allocation>& a);
+  using OnDemand = std::function<void(uint32_t device, const struct Moved& moved)>;
+  void SetOnDemand(OnDemand f);
 
   // Loop thread: moves every allocation on device `device` out of it / back in.
   Moved Evict(uint32_t device);
@@ -129,6 +134,7 @@ class Residency {
   std::unique_ptr<std::atomic<bool>[]> evicted_;   // per device: something there is evicted
   std::atomic<bool> collect_pending_{false};
   Totals totals_;
+  OnDemand on_demand_;
 };
 
 }  // namespace gmux::daemon

@@ -817,7 +817,7 @@ void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
   t.swap_charge_ns.resize(devices_.size());
   for (const ctl::Swapped& r : swapped) {
     if (r.device >= devices_.size() || (r.out == 0 && r.epoch != 0) ||
-        (r.out != 0 && (r.epoch == 0 || r.epoch > w.evict_epoch))) {
+        (r.out != 0 && (r.epoch == 0 || r.epoch > w.evict_epoch || r.on_demand != 0))) {
       return Drop(w, GoneReason::kMalformed);
     }
     DeviceState& d = devices_[r.device];
@@ -830,6 +830,13 @@ void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
     d.swaps.Add(r);
     t.swaps.Add(r);
     if (r.out == 0) t.swap_charge_ns[r.device] += r.ns;
+    if (r.on_demand != 0 && r.objects != 0 && d.slots) {
+      // Its worker brought data back outside a command (an info query on an evicted image, a
+      // sub-buffer of an evicted buffer): the data is on the device, so the tenant is in the way
+      // of the next one it overlaps and is moved off again then. (If this crosses an eviction
+      // on the way, the tenant is asked once more and moves nothing.)
+      d.resident[w.tenant] = true;
+    }
     if (r.out == 0 && d.batch && d.batch->tenant == w.tenant) {
       const Duration in(static_cast<int64_t>(r.ns));
       d.batch->cost += in;

@@ -473,9 +473,6 @@ void WorkerQueue::FlushReady(bool force_report) {
   done_out_.clear();
 }
 
-void WorkerQueue::AttachResidency(std::shared_ptr<Residency> residency) {
-  mailbox_.Post([this, r = std::move(residency)]() mutable { residency_ = std::move(r); });
-}
 
 namespace {
 // The broker's record of one Evict() (out, answering `epoch`) or Restore() (in, epoch 0).
@@ -491,6 +488,18 @@ ctl::Swapped SwappedOf(uint32_t device, bool out, uint64_t epoch, const Residenc
   return s;
 }
 }  // namespace
+
+void WorkerQueue::AttachResidency(std::shared_ptr<Residency> residency) {
+  // On-demand restores happen on the session thread, under the residency lock: told to the
+  // broker from there (one datagram per send, so it does not interleave with the loop's).
+  residency->SetOnDemand([this](uint32_t device, const Residency::Moved& m) {
+    if (broker_gone_) return;
+    ctl::Swapped s = SwappedOf(device, false, 0, m);
+    s.on_demand = 1;
+    ctl::Send(ctl_fd_, ctl::Type::kSwapped, &s, sizeof(s), 1).IgnoreError();
+  });
+  mailbox_.Post([this, r = std::move(residency)]() mutable { residency_ = std::move(r); });
+}
 
 void WorkerQueue::RunJobs(uint32_t device, std::vector<Job> jobs) {
   if (residency_ && residency_->Evicted(device)) {

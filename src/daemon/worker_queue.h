@@ -124,7 +124,7 @@ class WorkerQueue : public CommandSink {
   std::vector<std::vector<Job>> express_jobs_;
   // Per device, under a grant: ready commands waiting for a running one to finish (in order).
   std::vector<std::deque<std::shared_ptr<Command>>> backlog_;
-  bool broker_gone_ = false;
+  std::atomic<bool> broker_gone_{false};  // read by the session thread too (on-demand restores)
   // The session's allocations (residency.h) and the evictions asked for and not yet done.
   std::shared_ptr<Residency> residency_;
   std::vector<ctl::Evict> evict_pending_;

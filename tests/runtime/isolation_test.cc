@@ -1919,6 +1919,77 @@ TEST_F(IsolationTest, ATenantKilledWhileEvictedLeavesNothingBehind) {
   ExpectAlive("after a tenant was killed while evicted");
 }
 
+// Data brought back outside a command (a sub-buffer of an evicted buffer needs its parent on the
+// device) counts as on the device again: the broker moves it off again when the tenant is idle,
+// and the contents survive both moves.
+TEST_F(IsolationTest, DataBroughtBackOutsideACommandIsCountedAndMovedOffAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(SlotsConfig("size", "memory_idle_s = 1\n")));
+  Child c = Spawn(196, 120, [](Channel& ch) -> int {
+    GmuxDevice d;
+    if (!OpenGmux(d)) return 50;
+    cl_program p = Build(d, kBumpSource);
+    if (p == nullptr) return 51;
+    cl_int err = CL_SUCCESS;
+    cl_kernel k = clCreateKernel(p, "bump", &err);
+    if (k == nullptr) return 52;
+    const size_t words = 16 * kMiB / 4;
+    std::vector<cl_uint> expect(words);
+    for (size_t i = 0; i < words; ++i) expect[i] = 77u * static_cast<cl_uint>(i) + 5u;
+    cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, words * 4,
+                              expect.data(), &err);
+    if (a == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &a) != CL_SUCCESS) return 53;
+    if (clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &words, nullptr, 0, nullptr, nullptr) !=
+            CL_SUCCESS ||
+        clFinish(d.queue) != CL_SUCCESS) {
+      return 54;
+    }
+    for (auto& e : expect) ++e;
+    ch.Send(1);  // placed and run once; now idle until evicted
+    if (!ch.WaitGo()) return 55;
+    cl_buffer_region tail{words * 2, words * 2};
+    cl_mem sub = clCreateSubBuffer(a, CL_MEM_READ_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &tail, &err);
+    if (sub == nullptr) return 56;
+    ch.Send(2);  // the parent came back for it; idle again until evicted again
+    if (!ch.WaitGo()) return 57;
+    std::vector<cl_uint> back(words / 2);
+    if (clEnqueueReadBuffer(d.queue, sub, CL_TRUE, 0, words * 2, back.data(), 0, nullptr,
+                            nullptr) != CL_SUCCESS) {
+      return 58;
+    }
+    if (!std::equal(back.begin(), back.end(), expect.begin() + words / 2)) return 59;
+    ch.Send(3);
+    clReleaseMemObject(sub);
+    clReleaseMemObject(a);
+    clReleaseKernel(k);
+    clReleaseProgram(p);
+    return 0;
+  });
+  auto evictions_reach = [&](int n) {
+    json slots;
+    for (int i = 0; i < 150; ++i) {
+      slots = SlotsOf(json::parse(StatusJson(daemon_, -1), nullptr, false));
+      if (slots.value("evictions", 0) >= n) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    return slots;
+  };
+  ASSERT_EQ(c.Receive(60s).value_or(-1), 1) << c.Wait(1s).Describe();
+  json slots = evictions_reach(1);
+  ASSERT_GE(slots.value("evictions", 0), 1) << "the idle tenant was never moved off: " << slots.dump();
+  c.Go();
+  ASSERT_EQ(c.Receive(60s).value_or(-1), 2) << c.Wait(1s).Describe();
+  // The broker heard of the restore, so the idle rule moves the data off once more.
+  slots = evictions_reach(2);
+  EXPECT_GE(slots.value("evictions", 0), 2)
+      << "data brought back for the sub-buffer stayed on the device: " << slots.dump();
+  EXPECT_GE(slots.value("restores", 0), 1) << slots.dump();
+  c.Go();
+  EXPECT_EQ(c.Receive(60s).value_or(-1), 3) << c.Wait(1s).Describe();
+  Outcome o = c.Wait(30s);
+  EXPECT_TRUE(o.ok()) << o.Describe();
+  ExpectAlive("after an on-demand restore");
+}
+
 // A tenant that stops using the device (DymGPU's idle rule, memory_idle_s) has its data moved
 // off, before anyone needs its slots; when it comes back its data is back too, unchanged.
 TEST_F(IsolationTest, AnIdleTenantsMemoryLeavesTheDeviceAndComesBack) {
