@@ -38,6 +38,26 @@ constexpr std::chrono::seconds kRevokeLimit{60};
 constexpr std::chrono::seconds kEvictTimeout{30};
 // The longest swap batch, whatever the move cost (docs/policies.md, SlotAllocator decision 19).
 constexpr std::chrono::seconds kMaxBatch{10};
+// A worker found stopped (SIGSTOP by its tenant, whose uid it runs as) this long while others
+// wait for it (a move off the device, or a command at the head of a device) is ended: waiting
+// for a process that cannot run would hand its tenant a way to stall everyone.
+constexpr std::chrono::seconds kStoppedGrace{1};
+
+// Whether `pid` is stopped (state T, or t when traced), from /proc/PID/stat.
+bool ProcessStopped(pid_t pid) {
+  if (pid <= 0) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* close = std::strrchr(buf, ')');  // the command name may hold anything but this
+  if (close == nullptr || close[1] != ' ') return false;
+  return close[2] == 'T' || close[2] == 't';
+}
 
 }  // namespace
 
@@ -545,6 +565,26 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
   if (on_worker_gone_) on_worker_gone_(w.session, w.pid, why);
 }
 
+bool Scheduler::EndIfStopped(Worker& w, const char* what) {
+  if (w.dead) return false;
+  if (!ProcessStopped(w.pid)) {
+    w.stopped_since.reset();
+    return false;
+  }
+  const TimePoint now = Now();
+  if (!w.stopped_since) w.stopped_since = now;
+  if (now - *w.stopped_since < kStoppedGrace) return false;
+  auto t = tenants_.find(w.tenant);
+  std::fprintf(stderr,
+               "gmuxd: tenant '%s' (session %llu): its worker (pid %d) was stopped while others "
+               "waited for %s; ending its session\n",
+               t != tenants_.end() ? t->second.name.c_str() : "?",
+               static_cast<unsigned long long>(w.session), static_cast<int>(w.pid), what);
+  if (t != tenants_.end()) ++t->second.watchdog_kills;
+  Drop(w, GoneReason::kWatchdog);
+  return true;
+}
+
 void Scheduler::Watchdog() {
   const TimePoint now = Now();
   for (auto& d : devices_) {
@@ -564,6 +604,9 @@ void Scheduler::Watchdog() {
         Drop(h, GoneReason::kWatchdog);
       }
     }
+    if (d.inflight.empty()) continue;
+    // A stopped worker at the head of a device holds everyone behind it.
+    if (EndIfStopped(*d.inflight.front().worker, "its command to finish")) continue;
     if (d.inflight.empty()) continue;
     const Flight& f = d.inflight.front();
     auto t = tenants_.find(f.tenant);
@@ -610,7 +653,7 @@ void Scheduler::Pump() {
         if (!victims.empty()) {
           // Held, and nothing else released here, until the victims are off the device.
           ++d.switches_waited;
-          d.switching = Switch{*pick, q, std::move(victims), {}, false, Now()};
+          d.switching = Switch{*pick, q, std::move(victims), {}, false, Now(), {}, {}};
           if (!AdvanceSwitch(static_cast<uint32_t>(di))) break;
           continue;
         }
@@ -700,8 +743,24 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
     }
     sw.asked = true;
     sw.asked_at = Now();
+    for (TenantId v : sw.victims) {
+      TenantStats& vt = tenants_[v];
+      if (di < vt.came_back.size() && vt.came_back[di] != 0) {
+        vt.came_back[di] = 0;
+        sw.came_back.push_back(v);
+      }
+    }
     for (TenantId v : sw.victims) AskEvict(di, v, &sw);
     if (!d.switching) return true;  // a dropped worker was the one waiting
+  }
+  if (!d.switching->waiting.empty()) {
+    std::vector<Worker*> waited;
+    for (const auto& [session, epoch] : d.switching->waiting) {
+      auto it = workers_.find(session);
+      if (it != workers_.end()) waited.push_back(it->second.get());
+    }
+    for (Worker* w : waited) EndIfStopped(*w, "its data to move off the device");
+    if (!d.switching) return true;
   }
   if (!d.switching->waiting.empty()) {
     if (Now() - d.switching->since < kEvictTimeout) return false;
@@ -729,10 +788,18 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
   // commands to finish is theirs) are the incoming tenant's switch cost, DymGPU's rule: added
   // to its next completion's device time, as its own swap-in is.
   d.last_switch_wait = done.asked ? Now() - done.asked_at : Duration(0);
-  TenantStats& in = tenants_[done.pick.tenant];
-  in.swap_charge_ns.resize(devices_.size());
-  in.swap_charge_ns[di] += static_cast<uint64_t>(d.last_switch_wait.count());
-  in.evict_wait_s += ToSeconds(d.last_switch_wait);
+  // Unless a victim's data was on the device only because it brought it back outside a command
+  // (docs/policies.md, SlotAllocator decision 15): then moving it off again is that victim's
+  // cost, not the incoming tenant's, who would otherwise pay for another's detours.
+  std::vector<TenantId> payers = done.came_back;
+  if (payers.empty()) payers.push_back(done.pick.tenant);
+  const Duration share = d.last_switch_wait / static_cast<int64_t>(payers.size());
+  for (TenantId u : payers) {
+    TenantStats& p = tenants_[u];
+    p.swap_charge_ns.resize(devices_.size());
+    p.swap_charge_ns[di] += static_cast<uint64_t>(share.count());
+    p.evict_wait_s += ToSeconds(share);
+  }
   Release(di, done.pick, done.q);
   return true;
 }
@@ -836,6 +903,8 @@ void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
       // of the next one it overlaps and is moved off again then. (If this crosses an eviction
       // on the way, the tenant is asked once more and moves nothing.)
       d.resident[w.tenant] = true;
+      t.came_back.resize(devices_.size());
+      t.came_back[r.device] = 1;
     }
     if (r.out == 0 && d.batch && d.batch->tenant == w.tenant) {
       const Duration in(static_cast<int64_t>(r.ns));
@@ -853,7 +922,13 @@ void Scheduler::SwapCounters::Add(const ctl::Swapped& r) {
     bytes_out += r.bytes;
     swap_out_s += secs;
   } else {
-    ++restores;
+    // A restore before a command brings back everything evicted (one per eviction); one on
+    // demand brings back a single allocation, counted apart so that evictions and restores pair.
+    if (r.on_demand != 0) {
+      ++on_demand_restores;
+    } else {
+      ++restores;
+    }
     bytes_in += r.bytes;
     swap_in_s += secs;
   }
@@ -1001,6 +1076,7 @@ std::string Scheduler::Status(std::optional<TenantId> only) {
 namespace {
 nlohmann::json SwapJson(const auto& c) {
   return nlohmann::json{{"evictions", c.evictions}, {"restores", c.restores},
+                        {"on_demand_restores", c.on_demand_restores},
                         {"bytes_out", c.bytes_out}, {"bytes_in", c.bytes_in},
                         {"swap_out_s", c.swap_out_s}, {"swap_in_s", c.swap_in_s}};
 }

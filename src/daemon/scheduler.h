@@ -117,6 +117,7 @@ class Scheduler {
     std::vector<ctl::Express> express_out;         // grants and revokes not yet sent
     std::vector<uint64_t> queued_on;               // per device: its blocks in the policy
     std::vector<uint64_t> mem_held;                // per device: memory reserved, not given back
+    std::optional<TimePoint> stopped_since;        // first seen stopped while others waited
     bool dead = false;
   };
   struct Queued {
@@ -139,6 +140,7 @@ class Scheduler {
   // Data moved off a device and back (oversubscription), per device and per tenant.
   struct SwapCounters {
     uint64_t evictions = 0, restores = 0, bytes_out = 0, bytes_in = 0;
+    uint64_t on_demand_restores = 0;  // single allocations brought back outside a command
     double swap_out_s = 0, swap_in_s = 0;
     void Add(const ctl::Swapped& r);  // one worker's report (a move of nothing counts nothing)
   };
@@ -151,6 +153,7 @@ class Scheduler {
     bool asked = false;                               // kEvict sent
     TimePoint since{};
     TimePoint asked_at{};                             // when kEvict was sent
+    std::vector<TenantId> came_back;  // victims whose data was back only by on-demand restores
   };
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;
@@ -225,6 +228,9 @@ class Scheduler {
   void EndExpress(uint32_t device);  // the grant is over: the held work goes to the policy
   void Drop(Worker& w, GoneReason why);
   void Watchdog();
+  // Whether `w` has been stopped (SIGSTOP) for kStoppedGrace while others wait for it; ends it
+  // then (with a message naming `what` it was waited for) and returns true.
+  bool EndIfStopped(Worker& w, const char* what);
   // Records `f` as in flight on `d` and counts the dispatch.
   void Dispatched(DeviceState& d, const Flight& f);
   // Sends what the socket takes now of `records` to `w` and keeps the rest for the next round.
@@ -271,6 +277,7 @@ class Scheduler {
     SwapCounters swaps;
     std::vector<uint64_t> swap_charge_ns;  // per device
     double evict_wait_s = 0;               // others' moves off a device made for it (charged)
+    std::vector<uint8_t> came_back;        // per device: data brought back outside a command
   };
   std::map<TenantId, TenantStats> tenants_;
   uint64_t worker_deaths_ = 0;
