@@ -605,8 +605,19 @@ void Scheduler::Watchdog() {
       }
     }
     if (d.inflight.empty()) continue;
-    // A stopped worker at the head of a device holds everyone behind it.
-    if (EndIfStopped(*d.inflight.front().worker, "its command to finish")) continue;
+    // A stopped worker at the head of a device holds everyone behind it. Looked at only once the
+    // head has run for kStoppedGrace (a /proc read is not for every pass of the loop).
+    {
+      const Flight& head = d.inflight.front();
+      bool others_wait = false;
+      for (const auto& [block, q] : d.queued) {
+        others_wait = others_wait || (q.worker != nullptr && q.worker->tenant != head.tenant);
+      }
+      if (others_wait && now - std::max(head.released, d.head_since) >= kStoppedGrace &&
+          EndIfStopped(*head.worker, "its command to finish")) {
+        continue;
+      }
+    }
     if (d.inflight.empty()) continue;
     const Flight& f = d.inflight.front();
     auto t = tenants_.find(f.tenant);
@@ -753,7 +764,8 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
     for (TenantId v : sw.victims) AskEvict(di, v, &sw);
     if (!d.switching) return true;  // a dropped worker was the one waiting
   }
-  if (!d.switching->waiting.empty()) {
+  if (!d.switching->waiting.empty() && Now() - d.switching->asked_at >= kStoppedGrace) {
+    // Moves off normally take well under this; only then is a stopped worker looked for.
     std::vector<Worker*> waited;
     for (const auto& [session, epoch] : d.switching->waiting) {
       auto it = workers_.find(session);

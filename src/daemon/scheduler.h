@@ -276,7 +276,8 @@ class Scheduler {
     // charged (added to its next completion's device time there).
     SwapCounters swaps;
     std::vector<uint64_t> swap_charge_ns;  // per device
-    double evict_wait_s = 0;               // others' moves off a device made for it (charged)
+    double evict_wait_s = 0;               // moves off a device charged to it (made for it, or
+                                           // of its own data brought back on demand)
     std::vector<uint8_t> came_back;        // per device: data brought back outside a command
   };
   std::map<TenantId, TenantStats> tenants_;
