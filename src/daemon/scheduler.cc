@@ -607,16 +607,13 @@ void Scheduler::Watchdog() {
     if (d.inflight.empty()) continue;
     // A stopped worker at the head of a device holds everyone behind it. Looked at only once the
     // head has run for kStoppedGrace (a /proc read is not for every pass of the loop).
-    {
-      const Flight& head = d.inflight.front();
+    if (const Flight& head = d.inflight.front();
+        now - std::max(head.released, d.head_since) >= kStoppedGrace) {
       bool others_wait = false;
       for (const auto& [block, q] : d.queued) {
         others_wait = others_wait || (q.worker != nullptr && q.worker->tenant != head.tenant);
       }
-      if (others_wait && now - std::max(head.released, d.head_since) >= kStoppedGrace &&
-          EndIfStopped(*head.worker, "its command to finish")) {
-        continue;
-      }
+      if (others_wait && EndIfStopped(*head.worker, "its command to finish")) continue;
     }
     if (d.inflight.empty()) continue;
     const Flight& f = d.inflight.front();
@@ -766,24 +763,16 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
   }
   if (!d.switching->waiting.empty() && Now() - d.switching->asked_at >= kStoppedGrace) {
     // Moves off normally take well under this; only then is a stopped worker looked for.
-    std::vector<Worker*> waited;
-    for (const auto& [session, epoch] : d.switching->waiting) {
-      auto it = workers_.find(session);
-      if (it != workers_.end()) waited.push_back(it->second.get());
+    for (Worker* w : WaitingWorkers(*d.switching)) {
+      EndIfStopped(*w, "its data to move off the device");
     }
-    for (Worker* w : waited) EndIfStopped(*w, "its data to move off the device");
     if (!d.switching) return true;
   }
   if (!d.switching->waiting.empty()) {
     if (Now() - d.switching->since < kEvictTimeout) return false;
     // A worker that does not move its data off in time is not waited for any longer: it ends,
     // and its data with it (its tenant's next session starts afresh).
-    std::vector<Worker*> late;
-    for (const auto& [session, epoch] : d.switching->waiting) {
-      auto it = workers_.find(session);
-      if (it != workers_.end()) late.push_back(it->second.get());
-    }
-    for (Worker* w : late) {
+    for (Worker* w : WaitingWorkers(*d.switching)) {
       std::fprintf(stderr,
                    "gmuxd: tenant '%s' (session %llu) did not move its device memory off device "
                    "%u within %.0f s; ending its session\n",
@@ -814,6 +803,16 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
   }
   Release(di, done.pick, done.q);
   return true;
+}
+
+std::vector<Scheduler::Worker*> Scheduler::WaitingWorkers(const Switch& sw) {
+  // Collected first: ending one changes `sw.waiting` (and may end the switch).
+  std::vector<Worker*> out;
+  for (const auto& [session, epoch] : sw.waiting) {
+    auto it = workers_.find(session);
+    if (it != workers_.end()) out.push_back(it->second.get());
+  }
+  return out;
 }
 
 Duration Scheduler::BatchLength(Duration cost) const {

@@ -210,6 +210,7 @@ class Scheduler {
   int32_t SlotNeed(const DeviceState& d, TenantId tenant) const;
   std::vector<TenantId> PrepareSwitch(uint32_t device, TenantId tenant);
   bool AdvanceSwitch(uint32_t device);
+  std::vector<Worker*> WaitingWorkers(const Switch& sw);  // the workers whose move it waits for
   // Swap batching: the batch's next dispatch out of turn, or nullopt with `hold` set when the
   // device waits for the batch's tenant (thinking), or nullopt and the batch over.
   std::optional<core::Dispatch> BatchPick(uint32_t device, bool& hold);

@@ -473,7 +473,6 @@ void WorkerQueue::FlushReady(bool force_report) {
   done_out_.clear();
 }
 
-
 namespace {
 // The broker's record of one Evict() (out, answering `epoch`) or Restore() (in, epoch 0).
 ctl::Swapped SwappedOf(uint32_t device, bool out, uint64_t epoch, const Residency::Moved& m) {
