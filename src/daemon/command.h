@@ -157,6 +157,32 @@ class CommandSink {
   // The session's allocations, for the worker to move off a device when the broker says so
   // (residency.h). The default (in-process tests) never moves them.
   virtual void AttachResidency(std::shared_ptr<Residency> residency) { (void)residency; }
+  // The device pool (docs/operations.md, "Device pool"). The tenant's lease on a pool device:
+  // the backend device lent (blocking until the broker answers; the pool's queue may make it
+  // wait), or the verdict's message on refusal. The default (no broker) lends the lowest pool
+  // device at once.
+  struct LeaseAnswer {
+    bool granted = true;
+    uint32_t device = 0;
+    std::string why;
+  };
+  // `client_fd`: the client's socket, watched while waiting (a client that went away stops it).
+  virtual LeaseAnswer AcquireLease(uint32_t fallback, int client_fd) {
+    (void)client_fd;
+    return {true, fallback, {}};
+  }
+  // The session's live contexts on the pool (its tenant's lease ends when all are gone).
+  virtual void PoolContexts(uint64_t count) { (void)count; }
+  // A queue on the pool: moved to the tenant's device when a later lease lends another one.
+  virtual void AddPoolQueue(const Ref<cl_command_queue>& queue, const Ref<cl_context>& context,
+                            cl_command_queue_properties properties, uint32_t device) {
+    (void)queue;
+    (void)context;
+    (void)properties;
+    (void)device;
+  }
+  // The backend device the tenant's pool lease lends now (`fallback` when it holds none).
+  virtual uint32_t PoolDevice(uint32_t fallback) const { return fallback; }
 };
 
 }  // namespace gmux::daemon

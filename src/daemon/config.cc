@@ -112,7 +112,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
   DaemonOptions o;
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(
-      doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant", "limits"}));
+      doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant", "limits", "pool"}));
   // A table's limit keys over `base` (the [limits] defaults for a [[tenant]]).
   auto read_limits = [&doc](const toml::table& t, const TenantLimits& base,
                             TenantLimits& out) -> Status {
@@ -277,16 +277,35 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     o.policy_params = main_choice.params;
     GMUX_ASSIGN_OR_RETURN(auto device_tables, doc.Tables(*s, "device", false));
     for (const toml::table* dt : device_tables) {
-      GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*dt, {"index", "policy", "params"}));
+      GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*dt, {"index", "policy", "params", "mode"}));
       GMUX_ASSIGN_OR_RETURN(int64_t index, doc.Integer(*dt, "index", std::nullopt, 0, 1023));
       if (o.device_policies.count(static_cast<uint32_t>(index)) != 0) {
         return doc.Error(dt->get("index"), "index", "device " + std::to_string(index) +
                                                        " has two [[scheduler.device]] tables");
       }
+      GMUX_ASSIGN_OR_RETURN(std::string mode,
+                            doc.Choice(*dt, "mode", "shared", {"shared", "exclusive"}));
+      if (mode == "exclusive") o.exclusive_devices.push_back(static_cast<uint32_t>(index));
       PolicyChoice c;
       GMUX_RETURN_IF_ERROR(choice(*dt, o.policy, c));
       if (dt->get("params") == nullptr && c.name == o.policy) c.params = o.policy_params;
       o.device_policies[static_cast<uint32_t>(index)] = std::move(c);
+    }
+  }
+
+  GMUX_ASSIGN_OR_RETURN(const toml::table* pt, doc.Table(root, "pool", false));
+  if (pt != nullptr) {
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*pt, {"check_period_s", "idle_s", "wait_s", "attach_hook",
+                                            "detach_hook", "hook_timeout_s"}));
+    GMUX_ASSIGN_OR_RETURN(o.pool.check_period_s, doc.Number(*pt, "check_period_s", 5.0, 0.01));
+    GMUX_ASSIGN_OR_RETURN(o.pool.idle_s, doc.Number(*pt, "idle_s", 10.0, 0));
+    GMUX_ASSIGN_OR_RETURN(o.pool.wait_s, doc.Number(*pt, "wait_s", 60.0, 0));
+    GMUX_ASSIGN_OR_RETURN(o.pool.hook_timeout_s, doc.Number(*pt, "hook_timeout_s", 30.0, 0.01));
+    GMUX_ASSIGN_OR_RETURN(o.pool.attach_hook, doc.String(*pt, "attach_hook", ""));
+    GMUX_ASSIGN_OR_RETURN(o.pool.detach_hook, doc.String(*pt, "detach_hook", ""));
+    for (const char* k : {"check_period_s", "idle_s", "wait_s", "hook_timeout_s"}) {
+      GMUX_ASSIGN_OR_RETURN(double v, doc.Number(*pt, k, 0.0, 0));
+      if (v > 86400) return doc.Error(pt->get(k), k, "must be at most 86400 (a day)");
     }
   }
 

@@ -75,6 +75,20 @@ struct PolicyChoice {
   std::map<std::string, double> params;
 };
 
+// The device pool (BioCloud, docs/operations.md "Device pool"): devices with mode
+// "exclusive" are lent whole, one tenant at a time, by core::LeasePool.
+struct PoolOptions {
+  double check_period_s = 5;  // the pool checker's period
+  double idle_s = 10;         // an implicit lease with nothing queued or running this long goes
+  double wait_s = 60;         // how long a context creation waits for a free device
+  // Shell commands (sh -c) run when a lease is granted / given back, with GMUX_DEVICE,
+  // GMUX_DEVICE_NAME, GMUX_TENANT, GMUX_LEASE and GMUX_REASON (release) in their environment;
+  // a non-zero exit or a run past hook_timeout_s fails the lease. Empty: none.
+  std::string attach_hook;
+  std::string detach_hook;
+  double hook_timeout_s = 30;
+};
+
 struct DaemonOptions {
   std::string socket_path;                      // empty: DefaultSocketPath()
   std::string listen;                           // TCP "HOST:PORT"; empty: no TCP listener
@@ -114,6 +128,9 @@ struct DaemonOptions {
   std::map<std::string, double> policy_params;
   // Devices whose policy differs from `policy` ([[scheduler.device]] tables), by device index.
   std::map<uint32_t, PolicyChoice> device_policies;
+  // Devices lent whole from the pool ([[scheduler.device]] mode = "exclusive"), by index.
+  std::vector<uint32_t> exclusive_devices;
+  PoolOptions pool;
   UnknownPeers unknown_peers = UnknownPeers::kOwnTenant;
   UnknownTokens unknown_tokens = UnknownTokens::kReject;
   std::string default_tenant = "default";

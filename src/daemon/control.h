@@ -24,6 +24,13 @@
 //   broker -> worker   kEvict       move the session's allocations on a device out of it
 //   worker -> broker   kSwapped     allocations moved out (the answer to kEvict) or back in
 //                                   (before the worker's next command there ran)
+//   worker -> broker   kLeaseAsk    the tenant needs its lease on a pool device (a context on the
+//                                   pool, or a command after its lease was reclaimed)
+//   broker -> worker   kLeaseAnswer the device lent (or why none), for one kLeaseAsk
+//   worker -> broker   kPoolContexts the session's live contexts on the pool (its new count)
+//   broker -> worker   kLeaseLost   the tenant's lease on a device ended (reclaimed when idle,
+//                                   released): move the session's data off it and forget it;
+//                                   answered by kSwapped (out) with the epoch
 //
 // Device memory (docs/operations.md, "Device memory"): the broker keeps the books, per tenant
 // and device and per worker, so a quota holds across all of a tenant's sessions; a worker's
@@ -61,7 +68,11 @@ enum class Type : uint32_t {
   kMemFree = 13,
   kEvict = 14,
   kSwapped = 15,
-  kLast = kSwapped,  // the highest type (Receive rejects anything above)
+  kLeaseAsk = 16,
+  kLeaseAnswer = 17,
+  kPoolContexts = 18,
+  kLeaseLost = 19,
+  kLast = kLeaseLost,  // the highest type (Receive rejects anything above)
 };
 
 struct Header {
@@ -101,6 +112,9 @@ struct Assign {
   uint64_t rlimit_data = 0;
   uint64_t rlimit_nofile = 0;
   char tenant_name[128] = {};
+  // Devices lent whole from the pool (bit i: backend device i); the tenant sees them as one
+  // device, the lowest of them (docs/operations.md, "Device pool").
+  uint64_t pool_mask = 0;
 };
 
 struct Ready {
@@ -185,6 +199,31 @@ struct Swapped {
   uint8_t on_demand = 0; // 1 (in only): brought back outside a command (an info query, a
                          // sub-buffer), while the broker counts the tenant's data as off the device
   uint8_t reserved = 0;
+};
+
+// The device pool (docs/operations.md, "Device pool").
+struct LeaseAsk {
+  uint64_t seq = 0;
+};
+enum class LeaseVerdict : uint32_t {
+  kGranted = 0,
+  kTimedOut = 1,    // no device became free within [pool] wait_s
+  kHookFailed = 2,  // the attach hook failed or ran past its timeout
+  kNoPool = 3,      // gmuxd has no exclusive devices
+  kGone = 4,        // the pool refused (the daemon is stopping)
+};
+struct LeaseAnswer {
+  uint64_t seq = 0;
+  uint32_t verdict = 0;  // LeaseVerdict
+  uint32_t device = 0;   // kGranted: the backend device index lent to the tenant
+};
+struct PoolContexts {
+  uint64_t count = 0;
+};
+struct LeaseLost {
+  uint32_t device = 0;
+  uint32_t reserved = 0;
+  uint64_t epoch = 0;  // answered by kSwapped (out) with this epoch, like kEvict
 };
 
 struct StatsQuery {

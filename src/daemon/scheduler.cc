@@ -98,6 +98,8 @@ void Scheduler::Stop() {
     stop_ = true;
   });
   thread_.join();
+  for (auto& h : pool_.hooks) h.thread.join();  // each is bounded by hook_timeout_s
+  pool_.hooks.clear();
   workers_.clear();
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
   epoll_fd_ = -1;
@@ -314,6 +316,14 @@ void Scheduler::OnMessage(Worker& w, const ctl::Message& m) {
     case ctl::Type::kSwapped:
       if (m.body.size() % sizeof(ctl::Swapped) != 0) return Drop(w, GoneReason::kMalformed);
       return OnSwapped(w, m.As<ctl::Swapped>());
+    case ctl::Type::kLeaseAsk:
+      if (m.body.size() % sizeof(ctl::LeaseAsk) != 0) return Drop(w, GoneReason::kMalformed);
+      return OnLeaseAsk(w, m.As<ctl::LeaseAsk>());
+    case ctl::Type::kPoolContexts: {
+      auto c = m.As<ctl::PoolContexts>();
+      if (c.size() != 1) return Drop(w, GoneReason::kMalformed);
+      return OnPoolContexts(w, c[0].count);
+    }
     case ctl::Type::kStatsQuery: {
       auto q = m.As<ctl::StatsQuery>();
       if (q.size() != 1) return Drop(w, GoneReason::kMalformed);
@@ -345,6 +355,10 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
         w.blocks.count(r.cmd) != 0) {
       return Drop(w, GoneReason::kMalformed);
     }
+    // A pool device only while the tenant's lease on it is usable (or ending: work reported
+    // before its worker heard of that runs first).
+    if (!PoolReadyAllowed(w, r.device)) return Drop(w, GoneReason::kMalformed);
+    PoolNoteActivity(w.tenant);
     DeviceState& d = devices_[r.device];
     if (r.express != 0) {
       // Started under a grant this worker holds (or is giving back), behind nothing of its own
@@ -498,6 +512,7 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
       }
       d.policy->Complete({f.tenant, f.block, f.range, used, f.last}, now);
       if (d.slots) d.slots->RecordUse(f.tenant, f.released, now).IgnoreError();
+      PoolNoteActivity(f.tenant);
       if (f.last) outstanding_.fetch_sub(1);
       break;
     }
@@ -552,6 +567,7 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
     }
   }
   std::fill(w.queued_on.begin(), w.queued_on.end(), 0);
+  PoolWorkerGone(w);
   // Its device memory went with its process.
   for (uint32_t di = 0; di < devices_.size(); ++di) FreeMemory(w, di, w.mem_held[di]);
   auto t = tenants_.find(w.tenant);
@@ -905,6 +921,7 @@ void Scheduler::OnSwapped(Worker& w, const std::vector<ctl::Swapped>& swapped) {
         d.switching->waiting.erase(it);
       }
     }
+    PoolSwapped(w, r);
     d.swaps.Add(r);
     t.swaps.Add(r);
     if (r.out == 0) t.swap_charge_ns[r.device] += r.ns;
@@ -1004,7 +1021,10 @@ void Scheduler::SendReleases() {
   for (auto& [id, w] : workers_) {
     // Grants and revokes go ahead of releases.
     SendPending(*w, ctl::Type::kExpress, w->express_out);
+    SendPending(*w, ctl::Type::kLeaseAnswer, w->lease_out);
     SendPending(*w, ctl::Type::kRelease, w->out);
+    // An ended lease after the releases of work reported before it ended.
+    SendPending(*w, ctl::Type::kLeaseLost, w->lost_out);
   }
 }
 
@@ -1022,9 +1042,11 @@ void Scheduler::Loop() {
     }
     bool pending_out = false;
     for (auto& [id, w] : workers_) {
-      pending_out = pending_out || !w->out.empty() || !w->express_out.empty();
+      pending_out = pending_out || !w->out.empty() || !w->express_out.empty() ||
+                    !w->lease_out.empty() || !w->lost_out.empty();
     }
     if (pending_out) next = Now() + std::chrono::milliseconds(1);
+    if (auto t = PoolNextTimer()) next = next ? std::min(*next, *t) : *t;
     for (auto& d : devices_) {
       if (d.batch && d.hold_until > Now()) next = next ? std::min(*next, d.hold_until) : d.hold_until;
       if (!d.slots || (d.resident.empty() && !d.switching)) continue;
@@ -1064,6 +1086,7 @@ void Scheduler::Loop() {
       if (auto t = d.policy->NextTimer(); t && *t <= now) d.policy->Tick(now);
     }
     SlotMonitor();
+    PoolTick();
     Pump();
     Watchdog();
     Pump();
@@ -1151,6 +1174,7 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
     }
   }
   j["devices"] = devs;
+  if (pool_.lease) j["pool"] = nlohmann::json::parse(LeaseListNow(only));
   // Kang & Yu's N: tenants with work pending or in flight.
   uint64_t active = 0;
   for (const auto& [id, t] : tenants_) {

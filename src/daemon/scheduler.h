@@ -47,6 +47,8 @@
 
 #include "core/policy.h"
 #include "core/slot_allocator.h"
+#include "core/lease_pool.h"
+#include "daemon/config.h"
 #include "daemon/control.h"
 #include "daemon/mailbox.h"
 
@@ -96,6 +98,23 @@ class Scheduler {
   gmux::Status EnableSlots(uint32_t device, const core::SlotAllocatorOptions& options,
                            uint64_t slot_bytes, double swap_batch = 0);
 
+  // The device pool (BioCloud, docs/operations.md "Device pool"; scheduler_pool.cc): the
+  // backend devices in `devices` are lent whole, one tenant at a time, by a core::LeasePool
+  // (implicit leases asked by workers with ctl::kLeaseAsk, explicit ones by `gmux lease`),
+  // reclaimed when idle, with the attach and detach hooks of `options`. `names` are the backend
+  // devices' names (by index, for the hooks). Call before Start(). kInvalidArgument for options
+  // the pool refuses.
+  gmux::Status EnablePool(const std::vector<uint32_t>& devices, const PoolOptions& options,
+                          const std::vector<std::string>& names);
+  // `gmux lease` (control connections; JSON answers, {"error": ...} on refusal). Thread-safe.
+  // Acquire: an explicit, pinned lease for `tenant` (named `name`), for `for_s` seconds (0: until
+  // released); the answer names the lease and its state (waiting or ready). Release: the lease
+  // `id` (a waiting request is cancelled); only its tenant's callers or an admin. List: the
+  // pool's devices, leases and waiters (only `only`'s when given) and its figures.
+  std::string LeaseAcquire(TenantId tenant, const std::string& name, double for_s);
+  std::string LeaseRelease(TenantId caller, bool admin, uint64_t id);
+  std::string LeaseList(std::optional<TenantId> only);
+
   // Commands submitted and not yet completed (all tenants).
   uint64_t Outstanding() const { return outstanding_.load(); }
 
@@ -118,6 +137,9 @@ class Scheduler {
     std::vector<uint64_t> queued_on;               // per device: its blocks in the policy
     std::vector<uint64_t> mem_held;                // per device: memory reserved, not given back
     std::optional<TimePoint> stopped_since;        // first seen stopped while others waited
+    uint64_t pool_contexts = 0;                    // its session's live contexts on the pool
+    std::vector<ctl::LeaseAnswer> lease_out;       // pool answers not yet sent
+    std::vector<ctl::LeaseLost> lost_out;          // ended leases not yet told
     bool dead = false;
   };
   struct Queued {
@@ -195,6 +217,77 @@ class Scheduler {
     Duration batch_held{0};     // device time held idle for batches' tenants (upper bound)
     Duration last_switch_wait{0};
   };
+
+  // The device pool (scheduler_pool.cc).
+  struct PoolAsk {
+    Worker* worker = nullptr;
+    uint64_t seq = 0;
+    TimePoint deadline{};
+  };
+  struct PoolTenant {
+    uint64_t lease = 0;                // the current request's or lease's id (0: none)
+    bool pinned = false;
+    std::optional<TimePoint> expires;  // an explicit lease's --for
+    uint32_t device = UINT32_MAX;      // pool index while attaching or held
+    bool usable = false;               // the attach hook ran: its workers may use the device
+    TimePoint requested{};
+    std::vector<PoolAsk> asks;         // workers waiting for the device
+    std::optional<TimePoint> reclaimed_at;  // its last lease was reclaimed when idle
+    uint64_t grants = 0, reclaims = 0, timeouts = 0, hook_failures = 0;
+    double grant_latency_s = 0;        // Σ request -> usable over grants
+    double reacquire_s = 0;            // Σ reclaim -> usable again, over re-acquires
+    uint64_t reacquires = 0;
+  };
+  struct PoolDevice {
+    uint32_t backend = 0;              // the backend device index
+    TenantId holder = kNoTenant;       // attaching or leased to
+    // The previous holder's workers still moving their data off (session -> kLeaseLost epoch);
+    // the next holder gets the device once they are done.
+    std::unordered_map<uint64_t, uint64_t> draining;
+    TimePoint drain_since{};
+    TenantId drained_from = kNoTenant;
+    std::string drain_reason;
+    bool attach_waiting = false;       // a grant waits for the drain or the detach hook
+    bool hook_running = false;
+    uint64_t hook_serial = 0;          // the attach/detach hook run that may answer
+  };
+  struct Pool {
+    std::optional<core::LeasePool> lease;
+    PoolOptions options;
+    std::vector<PoolDevice> devices;
+    std::vector<std::string> names;    // backend device names, by backend index
+    std::map<TenantId, PoolTenant> tenants;
+    uint64_t next_lease = 1;
+    double attach_hook_s = 0, detach_hook_s = 0;  // the pool's attach cost, measured
+    uint64_t attach_hooks = 0, detach_hooks = 0, hook_failures = 0;
+    struct Hook {
+      std::thread thread;
+      std::shared_ptr<std::atomic<bool>> finished;
+    };
+    std::vector<Hook> hooks;  // hook runs (joined once finished, and at Stop())
+  };
+  bool PoolDeviceIndex(uint32_t backend, uint32_t& index) const;
+  PoolTenant& PoolTenantOf(TenantId tenant);
+  void OnLeaseAsk(Worker& w, const std::vector<ctl::LeaseAsk>& asks);
+  void OnPoolContexts(Worker& w, uint64_t count);
+  // Carries out the LeasePool's decisions (attach, detach) made since the last call.
+  void PoolEvents();
+  void PoolAttach(uint32_t index);            // the drain is over: run the attach hook or grant
+  void PoolGranted(uint32_t index);           // the device is usable by its holder
+  void PoolRefuse(TenantId tenant, ctl::LeaseVerdict why);
+  void PoolDrained(uint32_t index);           // the previous holder's data is off
+  void PoolTick();                            // timers: waits, --for, checker, drains
+  std::optional<TimePoint> PoolNextTimer() const;
+  void PoolWorkerGone(Worker& w);
+  void PoolSwapped(Worker& w, const ctl::Swapped& r);
+  bool PoolReadyAllowed(const Worker& w, uint32_t device) const;
+  void PoolNoteActivity(TenantId tenant);
+  // Runs `command` (sh -c) with `env` on a thread of its own, bounded by the hook timeout; `done`
+  // runs on the scheduler thread with whether it succeeded and what it printed on failure.
+  void RunHook(const std::string& command, std::vector<std::string> env,
+               std::function<void(bool ok, double secs, const std::string& why)> done);
+  std::string LeaseListNow(std::optional<TenantId> only) const;
+  std::string PoolStatus() const;
 
   void Loop();
   TimePoint Now() const;
@@ -283,6 +376,7 @@ class Scheduler {
   };
   std::map<TenantId, TenantStats> tenants_;
   uint64_t worker_deaths_ = 0;
+  Pool pool_;
   std::string StatusNow(std::optional<TenantId> only) const;
   // Cost of the scheduler thread itself: its CPU time handling submissions and completions.
   uint64_t busy_ns_ = 0;

@@ -1,5 +1,7 @@
 #include "daemon/server.h"
 
+#include <nlohmann/json.hpp>
+
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -24,6 +26,8 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "daemon/control.h"
 #include "daemon/session.h"
@@ -93,11 +97,33 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
                         Scheduler::Create(spec, devices, options.inflight_per_device,
                                           DevicePolicySpecs(options), options.express_dispatch));
   // The device memory gmuxd manages: configured, or all the backend reports.
+  // The pool (BioCloud): exclusive devices, all of one kind, lent whole.
+  std::vector<std::string> names;
+  for (uint32_t i = 0; i < devices.size(); ++i) names.push_back(s->backend_->DeviceName(i));
+  if (!options.exclusive_devices.empty()) {
+    std::vector<uint32_t> pool = options.exclusive_devices;
+    std::sort(pool.begin(), pool.end());
+    for (uint32_t d : pool) {
+      if (d >= devices.size()) {
+        return InvalidArgument("[[scheduler.device]] index " + std::to_string(d) +
+                               " is exclusive, but the backend has " +
+                               std::to_string(devices.size()) + " device(s)");
+      }
+      if (d >= 64) return InvalidArgument("pool devices must have indices below 64");
+      if (names[d] != names[pool[0]]) {
+        return InvalidArgument("the pool's devices must be of one kind: device " +
+                               std::to_string(d) + " is '" + names[d] + "', device " +
+                               std::to_string(pool[0]) + " is '" + names[pool[0]] + "'");
+      }
+      s->pool_mask_ |= uint64_t{1} << d;
+    }
+    GMUX_RETURN_IF_ERROR(s->scheduler_->EnablePool(pool, options.pool, names));
+  }
   for (uint32_t i = 0; i < devices.size(); ++i) {
     const uint64_t capacity =
         options.memory_bytes != 0 ? options.memory_bytes : devices[i].memory_bytes;
     s->scheduler_->SetMemoryCapacity(i, capacity);
-    if (options.memory_slots != "off") {
+    if (options.memory_slots != "off" && (s->pool_mask_ >> i & 1) == 0) {
       // The capacity in slots (docs/policies.md, "Device memory"): oversubscribed tenants are
       // placed on these by core's SlotAllocator.
       core::SlotAllocatorOptions so;
@@ -566,15 +592,24 @@ bool Server::OnFrame(Pending& p) {
     ReplyError(p.fd, 0, "gmuxd: malformed request: " + msg.status().message());
     return false;
   }
-  bool is_hello = false, is_stats = false, control = false;
+  bool is_hello = false, is_stats = false, control = false, is_lease = false;
   uint32_t version = 0;
   uint64_t seq = 0;
   std::string token;
+  LeaseRequest lease;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto req = msg->root<wire::Request>();
     seq = req.getSeq();
     is_hello = req.isHello();
     is_stats = req.isStats();
+    is_lease = req.isLease();
+    if (is_lease) {
+      auto l = req.getLease();
+      lease.action = l.getAction();
+      lease.tenant = l.getTenant();
+      lease.id = l.getLease();
+      lease.for_s = l.getForSeconds();
+    }
     if (is_hello) {
       version = req.getHello().getProtocolVersion();
       token = req.getHello().getToken();
@@ -586,8 +621,12 @@ bool Server::OnFrame(Pending& p) {
   }
   if (p.said_hello) {
     // A control connection's one request.
+    if (is_lease) {
+      ServeLease(p, seq, lease);
+      return false;
+    }
     if (!is_stats) {
-      ReplyError(p.fd, seq, "gmuxd: a control connection may only ask for Stats");
+      ReplyError(p.fd, seq, "gmuxd: a control connection may only ask for Stats or a lease");
       return false;
     }
     ServeControl(p, seq);
@@ -677,6 +716,56 @@ void Server::ServeControl(Pending& p, uint64_t seq) {
   proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
 }
 
+void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
+  std::string answer;
+  if (op.action == "list") {
+    answer = p.admin ? scheduler_->LeaseList(std::nullopt) : scheduler_->LeaseList(p.tenant_id);
+  } else if (op.action == "acquire") {
+    TenantId tenant = p.tenant_id;
+    std::string name = p.tenant.name;
+    if (!op.tenant.empty() && op.tenant != name) {
+      // Reserving a device for another tenant (a batch system ahead of a job): operators only,
+      // and only for a tenant the config names.
+      const auto known = std::find_if(options_.tenants.begin(), options_.tenants.end(),
+                                      [&](const TenantConfig& t) { return t.name == op.tenant; });
+      if (!p.admin) {
+        answer = R"({"error":"only root and admin_uids may lease for another tenant"})";
+      } else if (known == options_.tenants.end() && op.tenant != options_.default_tenant) {
+        answer = nlohmann::json{{"error", "no tenant '" + op.tenant + "' in the config"}}.dump();
+      } else {
+        name = op.tenant;
+        auto it = tenant_ids_.find(name);
+        if (it == tenant_ids_.end()) {
+          it = tenant_ids_.emplace(name, static_cast<TenantId>(tenant_ids_.size())).first;
+        }
+        tenant = it->second;
+      }
+    }
+    if (answer.empty()) {
+      if (!(op.for_s >= 0 && op.for_s <= 366.0 * 86400)) {
+        answer = R"({"error":"--for must be between 0 and a year"})";
+      } else {
+        answer = scheduler_->LeaseAcquire(tenant, name, op.for_s);
+      }
+    }
+  } else if (op.action == "release") {
+    answer = scheduler_->LeaseRelease(p.tenant_id, p.admin, op.id);
+  } else {
+    answer = nlohmann::json{{"error", "unknown lease action '" + op.action +
+                                          "' (acquire, release, list)"}}.dump();
+  }
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(seq);
+  rep.setStatus(CL_SUCCESS);
+  rep.setLease(answer);
+  int flags = ::fcntl(p.fd, F_GETFL);
+  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
+  timeval tv{2, 0};
+  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
+}
+
 void Server::ReplyError(int fd, uint64_t seq, const std::string& message) {
   capnp::MallocMessageBuilder b;
   auto rep = b.initRoot<wire::Reply>();
@@ -688,7 +777,7 @@ void Server::ReplyError(int fd, uint64_t seq, const std::string& message) {
 
 Status Server::SendHelloReply(int fd, const std::string& tenant, uint64_t session) {
   capnp::MallocMessageBuilder b;
-  BuildHelloReply(b, *backend_, tenant, session);
+  BuildHelloReply(b, *backend_, tenant, session, pool_mask_);
   return proto::WriteFrame(fd, proto::FrameKind::kReply, b, options_.frame);
 }
 
@@ -890,6 +979,7 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
   a.rlimit_data = p->tenant.limits.worker_memory_bytes;
   a.rlimit_nofile = p->tenant.limits.worker_open_files;
   std::strncpy(a.tenant_name, p->tenant.name.c_str(), sizeof(a.tenant_name) - 1);
+  a.pool_mask = pool_mask_;
   // The client's socket goes to the worker (blocking, as the worker reads it); the broker keeps
   // no copy.
   ::fcntl(p->fd, F_SETFL, ::fcntl(p->fd, F_GETFL) & ~O_NONBLOCK);

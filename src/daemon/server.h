@@ -96,6 +96,12 @@ class Server {
   // The hello (or a control connection's request) is in: act on it. False: drop the connection.
   bool OnFrame(Pending& p);
   void ServeControl(Pending& p, uint64_t seq);
+  struct LeaseRequest {  // `gmux lease` (a control connection's LeaseOp)
+    std::string action, tenant;
+    uint64_t id = 0;
+    double for_s = 0;
+  };
+  void ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op);
   void ReplyError(int fd, uint64_t seq, const std::string& message);
   Status SendHelloReply(int fd, const std::string& tenant, uint64_t session);
   // Starts a worker for `key`; its WorkerUp arrives on its control channel.
@@ -115,6 +121,7 @@ class Server {
   void ReleaseIdentity(const std::string& identity);
 
   DaemonOptions options_;
+  uint64_t pool_mask_ = 0;  // exclusive devices (bit i: device i)
   std::string socket_path_;
   std::string worker_path_;
   std::string state_dir_;

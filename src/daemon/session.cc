@@ -427,7 +427,13 @@ Session::Err Session::ChargeMemory(const std::vector<uint32_t>& devices, uint64_
   out = std::make_shared<MemCharge>();
   out->sink = &sink_;
   if (bytes == 0) return {};
+  // A pool device is lent whole: its memory is the lease holder's, and the backend's limits
+  // are the only ones (docs/operations.md, "Device pool").
+  std::vector<uint32_t> shared;
   for (uint32_t d : devices) {
+    if (!OnPool(d)) shared.push_back(d);
+  }
+  for (uint32_t d : shared) {
     if (buffer && bytes > MaxAllocView(d)) {
       return {CL_INVALID_BUFFER_SIZE, "buffer of " + std::to_string(bytes) +
                                           " bytes is larger than CL_DEVICE_MAX_MEM_ALLOC_SIZE (" +
@@ -435,7 +441,7 @@ Session::Err Session::ChargeMemory(const std::vector<uint32_t>& devices, uint64_
                                           std::to_string(d)};
     }
   }
-  for (uint32_t d : devices) {
+  for (uint32_t d : shared) {
     CommandSink::MemoryAnswer a = sink_.ReserveMemory(d, bytes);
     if (!a.granted) {
       // What was reserved on other devices goes back with `out`.
@@ -513,9 +519,34 @@ Session::~Session() {
   if (passed_fd_ >= 0) ::close(passed_fd_);
 }
 
+namespace {
+std::vector<uint64_t> Ids(capnp::List<uint64_t>::Reader list) {
+  std::vector<uint64_t> out;
+  for (uint64_t x : list) out.push_back(x);
+  return out;
+}
+}  // namespace
+
 Result<cl_device_id> Session::DeviceFor(uint64_t id) const {
-  if (id >= backend_.devices().size()) return NotFound("unknown device id " + std::to_string(id));
+  if (id >= backend_.devices().size() || PoolHidden(core_->pool_mask, static_cast<uint32_t>(id))) {
+    return NotFound("unknown device id " + std::to_string(id));
+  }
+  // The pool's device: the one the tenant's lease lends now (all are of one kind).
+  if (OnPool(id)) return backend_.devices()[sink_.PoolDevice(static_cast<uint32_t>(id))];
   return backend_.devices()[id];
+}
+
+std::vector<uint64_t> Session::ExpandPool(std::vector<uint64_t> devices) const {
+  const uint64_t mask = core_->pool_mask;
+  if (mask == 0) return devices;
+  const uint64_t lowest = static_cast<uint64_t>(__builtin_ctzll(mask));
+  if (std::find(devices.begin(), devices.end(), lowest) == devices.end()) return devices;
+  for (uint64_t d = lowest + 1; d < 64 && d < backend_.devices().size(); ++d) {
+    if ((mask >> d & 1) != 0 && std::find(devices.begin(), devices.end(), d) == devices.end()) {
+      devices.push_back(d);
+    }
+  }
+  return devices;
 }
 
 Status Session::Serve() {
@@ -593,12 +624,29 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       if (r.getDevices().size() == 0 || r.getDevices().size() > backend_.devices().size()) {
         return {CL_INVALID_VALUE, "bad device list"};
       }
-      std::vector<cl_device_id> devs;
-      std::vector<uint32_t> idx;
+      std::vector<uint64_t> asked;
       for (uint64_t d : r.getDevices()) {
         auto dev = DeviceFor(d);
         if (!dev.ok()) return {CL_INVALID_DEVICE, dev.status().message()};
-        devs.push_back(*dev);
+        if (std::find(asked.begin(), asked.end(), d) != asked.end()) {
+          return {CL_INVALID_DEVICE, "device " + std::to_string(d) + " listed twice"};
+        }
+        asked.push_back(d);
+      }
+      // A context on the pool takes the tenant's lease first (BioCloud's implicit lease): it
+      // may wait in the pool's queue, and fails when no device becomes free in time.
+      const bool pool = std::any_of(asked.begin(), asked.end(), [&](uint64_t d) { return OnPool(d); });
+      if (pool) {
+        const CommandSink::LeaseAnswer a =
+            sink_.AcquireLease(static_cast<uint32_t>(__builtin_ctzll(core_->pool_mask)), core_->fd);
+        if (!a.granted) return {CL_DEVICE_NOT_AVAILABLE, "no pool device for this tenant: " + a.why};
+      }
+      // The backend context spans every pool device, so the session's buffers, programs and
+      // kernels work on whichever device a later lease lends.
+      std::vector<cl_device_id> devs;
+      std::vector<uint32_t> idx;
+      for (uint64_t d : ExpandPool(asked)) {
+        devs.push_back(backend_.devices()[d]);
         idx.push_back(static_cast<uint32_t>(d));
       }
       cl_context_properties props[] = {CL_CONTEXT_PLATFORM,
@@ -607,8 +655,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_int err = CL_SUCCESS;
       cl_context c = cl_.clCreateContext(props, static_cast<cl_uint>(devs.size()), devs.data(),
                                          nullptr, nullptr, &err);
-      if (c == nullptr) return {err, "clCreateContext failed"};
-      contexts_[r.getId()] = {Adopt(c), std::move(idx)};
+      if (c == nullptr) {
+        if (pool) sink_.PoolContexts(pool_contexts_);  // the lease may go again
+        return {err, "clCreateContext failed"};
+      }
+      contexts_[r.getId()] = {Adopt(c), std::move(idx), pool};
+      if (pool) sink_.PoolContexts(++pool_contexts_);
       return {};
     }
 
@@ -626,13 +678,20 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         return {CL_INVALID_VALUE, "unknown queue properties"};
       }
       cl_int err = CL_SUCCESS;
+      // On the pool: on the device the tenant's lease lends now (moved if a later one differs).
+      const uint32_t device = OnPool(r.getDevice())
+                                  ? sink_.PoolDevice(static_cast<uint32_t>(r.getDevice()))
+                                  : static_cast<uint32_t>(r.getDevice());
       // Backend queues always profile: the scheduler needs device START/END for every command.
       cl_command_queue q = cl_.clCreateCommandQueue(
-          ctx->ctx->h, backend_.devices()[r.getDevice()], props | CL_QUEUE_PROFILING_ENABLE, &err);
+          ctx->ctx->h, backend_.devices()[device], props | CL_QUEUE_PROFILING_ENABLE, &err);
       if (q == nullptr) return {err, "clCreateCommandQueue failed"};
       QueueObj qo;
       qo.q = Adopt(q);
-      qo.device = static_cast<uint32_t>(r.getDevice());
+      qo.device = device;
+      if (OnPool(r.getDevice())) {
+        sink_.AddPoolQueue(qo.q, ctx->ctx, props | CL_QUEUE_PROFILING_ENABLE, device);
+      }
       qo.in_order = (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) == 0;
       queues_[r.getId()] = std::move(qo);
       return {};
@@ -742,13 +801,17 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       std::vector<size_t> lens;
       std::vector<const unsigned char*> ptrs;
       for (unsigned i = 0; i < devs.size(); ++i) {
-        if (std::find(ctx->devices.begin(), ctx->devices.end(), devs[i]) == ctx->devices.end()) {
+        if (std::find(ctx->devices.begin(), ctx->devices.end(), devs[i]) == ctx->devices.end() ||
+            PoolHidden(core_->pool_mask, static_cast<uint32_t>(devs[i]))) {
           return {CL_INVALID_DEVICE, "device is not in the context"};
         }
-        dv.push_back(backend_.devices()[devs[i]]);
-        idx.push_back(static_cast<uint32_t>(devs[i]));
-        lens.push_back(bins[i].size());
-        ptrs.push_back(bins[i].begin());
+        // The pool's device: the same binary for each of its devices (all of one kind).
+        for (uint64_t d : ExpandPool({devs[i]})) {
+          dv.push_back(backend_.devices()[d]);
+          idx.push_back(static_cast<uint32_t>(d));
+          lens.push_back(bins[i].size());
+          ptrs.push_back(bins[i].begin());
+        }
       }
       std::vector<cl_int> status(dv.size(), CL_SUCCESS);
       cl_int err = CL_SUCCESS;
@@ -795,7 +858,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
       std::vector<cl_device_id> dv;
       std::vector<uint32_t> idx;
-      for (uint64_t d : r.getDevices()) {
+      for (uint64_t d : ExpandPool(Ids(r.getDevices()))) {
         if (std::find(ctx->devices.begin(), ctx->devices.end(), d) == ctx->devices.end()) {
           return {CL_INVALID_DEVICE, "device is not in the context"};
         }
@@ -845,7 +908,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       // building a linked program whose binaries were read).
       if (p->linked) return {CL_INVALID_OPERATION, "a linked program cannot be built again"};
       std::vector<cl_device_id> dv;
-      for (uint64_t d : devs) {
+      for (uint64_t d : ExpandPool(Ids(devs))) {
         if (std::find(p->devices.begin(), p->devices.end(), d) == p->devices.end()) {
           return {CL_INVALID_DEVICE, "device is not associated with the program"};
         }
@@ -929,7 +992,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
       std::vector<cl_device_id> dv;
       std::vector<uint32_t> idx;
-      for (uint64_t d : r.getDevices()) {
+      for (uint64_t d : ExpandPool(Ids(r.getDevices()))) {
         if (std::find(ctx->devices.begin(), ctx->devices.end(), d) == ctx->devices.end()) {
           return {CL_INVALID_DEVICE, "device is not in the context"};
         }
@@ -1032,7 +1095,15 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto r = req.getRelease();
       size_t n = 0;
       switch (r.getKind()) {
-        case wire::ObjectKind::CONTEXT: n = contexts_.erase(r.getId()); break;
+        case wire::ObjectKind::CONTEXT: {
+          auto it = contexts_.find(r.getId());
+          if (it == contexts_.end()) break;
+          const bool pool = it->second.pool;
+          contexts_.erase(it);
+          n = 1;
+          if (pool && pool_contexts_ > 0) sink_.PoolContexts(--pool_contexts_);
+          break;
+        }
         case wire::ObjectKind::QUEUE: n = queues_.erase(r.getId()); break;
         case wire::ObjectKind::MEM: {
           auto lock = residency_->Lock();
@@ -1131,6 +1202,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                 formats.size() * sizeof(cl_image_format)));
       return {};
     }
+
+    case wire::Request::LEASE:
+      return {CL_INVALID_OPERATION, "leases are asked on a control connection (gmux lease)"};
 
     case wire::Request::STATS: {
       auto s = root.initStats();
@@ -2152,7 +2226,7 @@ Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids
 }
 
 void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std::string& tenant,
-                     uint64_t session) {
+                     uint64_t session, uint64_t pool_mask) {
   auto rep = b.initRoot<wire::Reply>();
   rep.setSeq(1);
   rep.setStatus(CL_SUCCESS);
@@ -2161,13 +2235,20 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setTenant(tenant);
   h.setSession(session);
   const auto& devs = backend.devices();
-  auto list = h.initDevices(static_cast<unsigned>(devs.size()));
+  // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).
+  std::vector<unsigned> shown;
   for (unsigned i = 0; i < devs.size(); ++i) {
-    list[i].setIndex(i);
-    list[i].setName(backend.DeviceName(i));
+    if (PoolHidden(pool_mask, i)) continue;
+    shown.push_back(i);
+  }
+  auto list = h.initDevices(static_cast<unsigned>(shown.size()));
+  for (unsigned k = 0; k < shown.size(); ++k) {
+    const unsigned i = shown[k];
+    list[k].setIndex(i);
+    list[k].setName(backend.DeviceName(i));
     cl_device_type type = 0;
     backend.cl().clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof(type), &type, nullptr);
-    list[i].setType(type);
+    list[k].setType(type);
   }
 }
 

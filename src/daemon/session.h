@@ -80,6 +80,7 @@ struct SessionCore {
   TenantId tenant = 0;
   std::string tenant_name;
   bool tcp = false;  // a TCP client: bulk data only inline, never shared memory
+  uint64_t pool_mask = 0;  // the pool's devices (bit i: device i); the tenant sees the lowest
   proto::FrameLimits limits;
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session
@@ -144,7 +145,8 @@ class Session {
  private:
   struct ContextObj {
     Ref<cl_context> ctx;
-    std::vector<uint32_t> devices;
+    std::vector<uint32_t> devices;  // the pool's lowest device stands for all of them
+    bool pool = false;              // on the pool: counted for the tenant's lease
   };
   struct QueueObj {
     Ref<cl_command_queue> q;
@@ -234,6 +236,13 @@ class Session {
                                                   uint64_t seq, bool shm);
   Err EnqueueImage(uint64_t seq, proto::wire::Enqueue::Reader r, Command& cmd, bool& replied);
   Result<cl_device_id> DeviceFor(uint64_t id) const;
+  // A device list as the backend needs it: the pool's other devices after the one the tenant
+  // sees (so the session's objects work on whichever the lease lends).
+  std::vector<uint64_t> ExpandPool(std::vector<uint64_t> devices) const;
+  bool OnPool(uint64_t device) const {
+    return device < 64 && (core_->pool_mask >> device & 1) != 0;
+  }
+  uint64_t pool_contexts_ = 0;
   void Track(QueueObj& q, const std::shared_ptr<EventRecord>& ev);
 
   std::shared_ptr<SessionCore> core_;
@@ -276,9 +285,15 @@ class Session {
   std::vector<std::pair<uint64_t, std::shared_ptr<HostBuffer>>> shm_maps_;
 };
 
-// The hello reply: the protocol version, the tenant, the session and the backend's devices.
+// Whether device `i` is a pool device the tenant does not see (every one but the lowest).
+inline bool PoolHidden(uint64_t pool_mask, uint32_t i) {
+  return i < 64 && (pool_mask >> i & 1) != 0 && (pool_mask & ((uint64_t{1} << i) - 1)) != 0;
+}
+
+// The hello reply: the protocol version, the tenant, the session and the backend's devices
+// (the pool's as one, docs/operations.md "Device pool").
 void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std::string& tenant,
-                     uint64_t session);
+                     uint64_t session, uint64_t pool_mask = 0);
 
 // Maps a daemon Status to the OpenCL code sent on the wire (the one place this happens).
 cl_int StatusToCl(const Status& status);

@@ -233,6 +233,18 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
       for (const ctl::Evict& e : m.As<ctl::Evict>()) evict_pending_.push_back(e);
       EvictWhenIdle();
       break;
+    case ctl::Type::kLeaseAnswer:
+      for (const ctl::LeaseAnswer& a : m.As<ctl::LeaseAnswer>()) OnLeaseAnswer(a);
+      break;
+    case ctl::Type::kLeaseLost:
+      for (const ctl::LeaseLost& l : m.As<ctl::LeaseLost>()) {
+        // The lease ended: nothing new goes to the device; the session's data moves off it once
+        // what runs there is done, answered like an eviction.
+        if (pool_device_.load() == l.device) pool_device_.store(kNoDevice);
+        evict_pending_.push_back(ctl::Evict{l.device, 0, l.epoch});
+      }
+      EvictWhenIdle();
+      break;
     case ctl::Type::kLimits: {
       auto l = m.As<ctl::Limits>();
       if (l.size() == 1 && on_limits_) on_limits_(l[0]);
@@ -347,6 +359,17 @@ void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
       parked_[const_cast<EventRecord*>(b)].push_back(std::move(c));
       parked_count_.fetch_add(1);
       continue;
+    }
+    if (OnPool(c->device)) {
+      // The pool's device is the one the tenant's lease lends now; without one, the command
+      // waits for the lease (asked for again: the pool may lend another device of the kind).
+      const uint32_t lent = pool_device_.load();
+      if (lent == kNoDevice) {
+        lease_wait_.push_back(std::move(c));
+        AskLease();
+        continue;  // not dispatched yet: what waits on it stays parked
+      }
+      c->device = lent;
     }
     c->event->staged = false;
     const uint32_t dev = c->device;
@@ -524,6 +547,137 @@ void WorkerQueue::EvictWhenIdle() {
     if (residency_ && e.device < executors_.size()) m = residency_->Evict(e.device);
     ctl::Swapped s = SwappedOf(e.device, true, e.epoch, m);
     if (!broker_gone_) ctl::Send(ctl_fd_, ctl::Type::kSwapped, &s, sizeof(s), 1).IgnoreError();
+  }
+}
+
+}  // namespace gmux::daemon
+
+namespace gmux::daemon {
+
+void WorkerQueue::SetPool(uint64_t mask, const cl_icd_dispatch* cl,
+                          std::vector<cl_device_id> devices) {
+  pool_mask_ = mask;
+  cl_ = cl;
+  devices_ = std::move(devices);
+}
+
+CommandSink::LeaseAnswer WorkerQueue::AcquireLease(uint32_t fallback, int client_fd) {
+  LeaseAnswer out;
+  const uint32_t lent = pool_device_.load();
+  if (lent != kNoDevice) {
+    out.device = lent;
+    return out;
+  }
+  const uint64_t seq = next_lease_++;
+  std::unique_lock<std::mutex> lock(pool_mu_);
+  lease_waiting_.insert(seq);
+  ctl::LeaseAsk ask{seq};
+  bool answered = false;
+  if (!broker_gone_ && ctl::Send(ctl_fd_, ctl::Type::kLeaseAsk, &ask, sizeof(ask), 1).ok()) {
+    // The broker always answers: a grant, or a refusal once [pool] wait_s has passed.
+    while (!(answered = lease_answers_.count(seq) != 0) && !broker_gone_) {
+      lease_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      // A client that went away while it waited: its session ends, and with it the wait.
+      pollfd p{client_fd, POLLRDHUP, 0};
+      if (client_fd >= 0 && ::poll(&p, 1, 0) > 0 &&
+          (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+        break;
+      }
+    }
+  }
+  lease_waiting_.erase(seq);
+  out.granted = false;
+  out.device = fallback;
+  if (!answered) {
+    out.why = "no answer from gmuxd";
+    return out;
+  }
+  const ctl::LeaseAnswer a = lease_answers_[seq];
+  lease_answers_.erase(seq);
+  switch (static_cast<ctl::LeaseVerdict>(a.verdict)) {
+    case ctl::LeaseVerdict::kGranted:
+      out.granted = true;
+      out.device = a.device;
+      break;
+    case ctl::LeaseVerdict::kTimedOut:
+      out.why = "every pool device stayed leased for [pool] wait_s (see `gmux lease list`)";
+      break;
+    case ctl::LeaseVerdict::kHookFailed:
+      out.why = "the pool's attach hook failed (see gmuxd's log)";
+      break;
+    case ctl::LeaseVerdict::kNoPool:
+      out.why = "gmuxd has no pool";
+      break;
+    default:
+      out.why = "the pool refused";
+      break;
+  }
+  return out;
+}
+
+void WorkerQueue::PoolContexts(uint64_t count) {
+  ctl::PoolContexts c{count};
+  if (!broker_gone_) ctl::Send(ctl_fd_, ctl::Type::kPoolContexts, &c, sizeof(c), 1).IgnoreError();
+}
+
+void WorkerQueue::AddPoolQueue(const Ref<cl_command_queue>& queue, const Ref<cl_context>& context,
+                               cl_command_queue_properties properties, uint32_t device) {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  std::erase_if(pool_queues_, [](const PoolQueue& q) { return q.queue.expired(); });
+  pool_queues_.push_back({queue, context, properties, device});
+}
+
+uint32_t WorkerQueue::PoolDevice(uint32_t fallback) const {
+  const uint32_t lent = pool_device_.load();
+  return lent == kNoDevice ? fallback : lent;
+}
+
+void WorkerQueue::AskLease() {
+  if (loop_ask_ != 0 || broker_gone_) return;
+  loop_ask_ = next_lease_++;
+  ctl::LeaseAsk ask{loop_ask_};
+  if (!ctl::Send(ctl_fd_, ctl::Type::kLeaseAsk, &ask, sizeof(ask), 1).ok()) loop_ask_ = 0;
+}
+
+void WorkerQueue::MovePoolQueues(uint32_t device) {
+  if (cl_ == nullptr || device >= devices_.size()) return;
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  for (PoolQueue& pq : pool_queues_) {
+    Ref<cl_command_queue> q = pq.queue.lock();
+    Ref<cl_context> ctx = pq.context.lock();
+    if (!q || !ctx || pq.device == device) continue;
+    // Nothing of the session runs on the pool now (its lease was given back only when idle):
+    // the queue's backend handle is replaced by one on the new device, and every command that
+    // holds the queue runs there from now on. The old handle is kept until the session ends
+    // (an info query may still read it).
+    cl_int err = CL_SUCCESS;
+    cl_command_queue fresh =
+        cl_->clCreateCommandQueue(ctx->h, devices_[device], pq.properties, &err);
+    if (fresh == nullptr) continue;  // its commands fail on the old device's queue
+    retired_.push_back(Adopt(std::exchange(q->h, fresh)));
+    pq.device = device;
+  }
+}
+
+void WorkerQueue::OnLeaseAnswer(const ctl::LeaseAnswer& a) {
+  const bool granted = a.verdict == static_cast<uint32_t>(ctl::LeaseVerdict::kGranted);
+  if (granted && OnPool(a.device)) {
+    MovePoolQueues(a.device);
+    pool_device_.store(a.device);
+  }
+  if (a.seq == loop_ask_) loop_ask_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (lease_waiting_.count(a.seq) != 0) lease_answers_[a.seq] = a;
+  }
+  lease_cv_.notify_all();
+  if (pool_device_.load() != kNoDevice) {
+    // Commands that waited for the lease go on, in the order they came.
+    std::vector<std::shared_ptr<Command>> waiting = std::move(lease_wait_);
+    lease_wait_.clear();
+    for (auto& c : waiting) TryRelease(c);
+  } else if (!lease_wait_.empty()) {
+    AskLease();  // refused (no device in time): they keep waiting, and the ask goes again
   }
 }
 

@@ -61,6 +61,14 @@ class WorkerQueue : public CommandSink {
   MemoryAnswer ReserveMemory(uint32_t device, uint64_t bytes) override;
   void ReleaseMemory(uint32_t device, uint64_t bytes) override;
   void AttachResidency(std::shared_ptr<Residency> residency) override;
+  // The device pool (control.h kLeaseAsk..kLeaseLost): the pool's devices (bit i: device i) and
+  // what moving the session's queues between them takes. Before Start().
+  void SetPool(uint64_t mask, const cl_icd_dispatch* cl, std::vector<cl_device_id> devices);
+  LeaseAnswer AcquireLease(uint32_t fallback, int client_fd) override;
+  void PoolContexts(uint64_t count) override;
+  void AddPoolQueue(const Ref<cl_command_queue>& queue, const Ref<cl_context>& context,
+                    cl_command_queue_properties properties, uint32_t device) override;
+  uint32_t PoolDevice(uint32_t fallback) const override;
 
  private:
   void Loop();
@@ -87,6 +95,12 @@ class WorkerQueue : public CommandSink {
   void RunJobs(uint32_t device, std::vector<Job> jobs);
   // Carries out the broker's kEvict requests once nothing of the session is on a device.
   void EvictWhenIdle();
+  bool OnPool(uint32_t device) const { return device < 64 && (pool_mask_ >> device & 1) != 0; }
+  // Loop thread: the broker's answer to a lease ask; asking for the lease again for commands
+  // that wait for it; moving the pool's queues to `device`.
+  void OnLeaseAnswer(const ctl::LeaseAnswer& a);
+  void AskLease();
+  void MovePoolQueues(uint32_t device);
 
   const int ctl_fd_;
   std::function<void()> on_broker_gone_;
@@ -136,6 +150,29 @@ class WorkerQueue : public CommandSink {
   uint64_t next_mem_ = 1;
   std::unordered_set<uint64_t> mem_waiting_;
   std::unordered_map<uint64_t, ctl::MemAnswer> mem_answers_;
+
+  // The pool. The device lent now (kNoDevice: none; the loop thread writes it, the session
+  // thread reads it), commands waiting for a lease (loop thread), the loop thread's own ask.
+  static constexpr uint32_t kNoDevice = UINT32_MAX;
+  uint64_t pool_mask_ = 0;
+  const cl_icd_dispatch* cl_ = nullptr;
+  std::vector<cl_device_id> devices_;
+  std::atomic<uint32_t> pool_device_{kNoDevice};
+  std::vector<std::shared_ptr<Command>> lease_wait_;
+  uint64_t loop_ask_ = 0;
+  struct PoolQueue {
+    std::weak_ptr<Held<cl_command_queue>> queue;
+    std::weak_ptr<Held<cl_context>> context;
+    cl_command_queue_properties properties = 0;
+    uint32_t device = 0;
+  };
+  std::mutex pool_mu_;  // guards pool_queues_, lease_answers_, lease_waiting_, retired_
+  std::condition_variable lease_cv_;
+  std::vector<PoolQueue> pool_queues_;
+  std::vector<Ref<cl_command_queue>> retired_;  // queues moved off (released with the session)
+  std::unordered_set<uint64_t> lease_waiting_;
+  std::unordered_map<uint64_t, ctl::LeaseAnswer> lease_answers_;
+  std::atomic<uint64_t> next_lease_{1};
 
   // Stats answers from the broker, by query sequence.
   std::mutex stats_mu_;  // guards stats_

@@ -386,7 +386,16 @@ struct Request {
     createProgramWithIL @26 :CreateProgramWithIL;
     createProgramWithBuiltInKernels @27 :CreateProgramWithBuiltInKernels;
     setSpecConstant @28 :SetSpecConstant;
+    lease @29 :LeaseOp;            # control connections only: `gmux lease`
   }
+}
+
+# `gmux lease` (docs/operations.md, "Device pool"); answered with Reply.lease, a JSON object.
+struct LeaseOp {
+  action @0 :Text;                 # "acquire", "release" or "list"
+  tenant @1 :Text;                 # acquire: the tenant (admins only; empty: the caller's own)
+  lease @2 :UInt64;                # release: the lease's number (L<n>)
+  forSeconds @3 :Float64;          # acquire: how long it is held (0: until released)
 }
 
 struct ReadData {
@@ -415,5 +424,6 @@ struct Reply {
     readData @7 :ReadData;
     binaryStatus @8 :List(Int32);
     stats @9 :Stats;
+    lease @10 :Text;               # JSON: the LeaseOp's answer
   }
 }

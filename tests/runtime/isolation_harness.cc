@@ -666,26 +666,37 @@ std::string StatusJson(const PrivateDaemon& daemon, int tenant) {
 }
 
 std::string StatusOutput(const PrivateDaemon& daemon, int tenant, bool json) {
+  std::vector<std::string> args = {"status", "--socket", daemon.socket()};
+  if (json) args.push_back("--json");
+  int code = -1;
+  std::string text = RunGmux(tenant, args, &code, /*with_stderr=*/false);
+  if (code != 0) text.clear();
+  return text;
+}
+
+std::string RunGmux(int tenant, const std::vector<std::string>& args, int* exit_code,
+                    bool with_stderr) {
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return "";
+  std::vector<std::string> all = {GMUX_CLI_PATH};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
   std::fflush(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::dup2(out[1], 1);
+    if (with_stderr) ::dup2(out[1], 2);
     if (tenant >= 0 && !BecomeUid(TenantUid(tenant))) ::_exit(120);
     ::alarm(20);
-    if (json) {
-      ::execl(GMUX_CLI_PATH, GMUX_CLI_PATH, "status", "--json", "--socket",
-              daemon.socket().c_str(), static_cast<char*>(nullptr));
-    } else {
-      ::execl(GMUX_CLI_PATH, GMUX_CLI_PATH, "status", "--socket", daemon.socket().c_str(),
-              static_cast<char*>(nullptr));
-    }
+    ::execv(GMUX_CLI_PATH, argv.data());
     ::_exit(127);
   }
   ::close(out[1]);
   std::string text;
+  if (exit_code != nullptr) *exit_code = -1;
   if (pid > 0) {
     char buf[4096];
     for (;;) {
@@ -696,7 +707,7 @@ std::string StatusOutput(const PrivateDaemon& daemon, int tenant, bool json) {
     }
     int status = 0;
     ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) text.clear();
+    if (exit_code != nullptr && WIFEXITED(status)) *exit_code = WEXITSTATUS(status);
   }
   ::close(out[0]);
   return text;

@@ -209,5 +209,10 @@ std::vector<pid_t> DescendantsOwnedBy(pid_t root, const std::set<uid_t>& uids);
 std::string StatusJson(const PrivateDaemon& daemon, int tenant);
 // `gmux status` as `tenant` (-1: as this process), as JSON or as its table.
 std::string StatusOutput(const PrivateDaemon& daemon, int tenant, bool json);
+// `gmux ARGS...` run as TenantUid(tenant) (as this process when tenant < 0): its stdout and
+// stderr together (stdout only without `with_stderr`), and its exit code (-1 when it did not
+// exit normally). Bounded to 20 s.
+std::string RunGmux(int tenant, const std::vector<std::string>& args, int* exit_code = nullptr,
+                    bool with_stderr = true);
 
 }  // namespace gmux::testing::iso

@@ -98,9 +98,10 @@ int main(int argc, char** argv) {
   core->tenant_name = std::string(a.tenant_name, strnlen(a.tenant_name, sizeof(a.tenant_name)));
   core->tcp = a.tcp != 0;
   core->limits.max_payload_bytes = a.max_payload_bytes;
+  core->pool_mask = a.pool_mask;
   {
     capnp::MallocMessageBuilder b;
-    BuildHelloReply(b, **backend, core->tenant_name, core->id);
+    BuildHelloReply(b, **backend, core->tenant_name, core->id, a.pool_mask);
     core->Send(b);
   }
   auto to_session = [](const ctl::Limits& l) {
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
   WorkerQueue queue(ctl_fd, (*backend)->devices().size(), [] { ::_exit(0); });
   // The tenant's limits are shared by its sessions: gmuxd sends a new share as they come and go.
   queue.OnLimits([core, to_session](const ctl::Limits& l) { core->SetSessionLimits(to_session(l)); });
+  queue.SetPool(a.pool_mask, &(*backend)->cl(), (*backend)->devices());
   queue.Start();
   Session session(core, **backend, queue, limits);
   session.Serve().IgnoreError();

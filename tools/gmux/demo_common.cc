@@ -1,6 +1,7 @@
 #include "demo_common.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -72,8 +74,9 @@ bool DemoDaemon::Start(const std::string& config, int exit_after_s) {
   }
   pid_ = ::fork();
   if (pid_ == 0) {
-    int devnull = ::open("/dev/null", O_WRONLY);
-    if (devnull >= 0) ::dup2(devnull, 2);
+    // Its messages go to a log in the run's dir: a run that fails shows their tail.
+    int log = ::open((dir_ + "/gmuxd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (log >= 0) ::dup2(log, 2);
     const std::string after = std::to_string(exit_after_s);
     ::execl(paths_.gmuxd.c_str(), paths_.gmuxd.c_str(), "--config", file.c_str(), "--exit-after",
             after.c_str(), static_cast<char*>(nullptr));
@@ -104,6 +107,19 @@ void DemoDaemon::Stop() {
     std::filesystem::remove_all(dir_, ec);
     dir_.clear();
   }
+}
+
+std::string DemoDaemon::LogTail(size_t lines) const {
+  std::ifstream in(dir_ + "/gmuxd.log");
+  std::deque<std::string> tail;
+  std::string line;
+  while (std::getline(in, line)) {
+    tail.push_back(line);
+    if (tail.size() > lines) tail.pop_front();
+  }
+  std::string out;
+  for (const auto& l : tail) out += l + "\n";
+  return out;
 }
 
 DemoTenant::DemoTenant(DemoTenant&& other) noexcept
@@ -155,11 +171,25 @@ bool DemoTenant::Start() {
   return down_ >= 0 && ::write(down_, &c, 1) == 1;
 }
 
-std::string DemoTenant::Finish(int& exit_status) {
+std::string DemoTenant::Finish(int& exit_status, std::chrono::steady_clock::time_point deadline) {
   std::string out;
   char buf[4096];
-  ssize_t n;
-  while (up_ >= 0 && (n = ::read(up_, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  bool timed_out = false;
+  while (up_ >= 0) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{up_, POLLIN, 0};
+    const int ms = static_cast<int>(std::min<int64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1, 1000));
+    if (::poll(&p, 1, ms) <= 0) continue;
+    const ssize_t n = ::read(up_, buf, sizeof(buf));
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  if (timed_out && pid_ > 0) ::kill(pid_, SIGKILL);
   if (up_ >= 0) ::close(up_);
   if (down_ >= 0) ::close(down_);
   up_ = down_ = -1;
@@ -170,6 +200,7 @@ std::string DemoTenant::Finish(int& exit_status) {
     if (WIFEXITED(st)) exit_status = WEXITSTATUS(st);
     pid_ = -1;
   }
+  if (timed_out) exit_status = kTimedOut;
   return out;
 }
 

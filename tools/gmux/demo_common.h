@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -39,6 +40,8 @@ class DemoDaemon {
   // --exit-after `exit_after_s`; false when it does not come up.
   bool Start(const std::string& config, int exit_after_s);
   void Stop();
+  // The last `lines` lines gmuxd wrote to its stderr (kept in the run's dir until Stop()).
+  std::string LogTail(size_t lines = 40) const;
 
   const std::string& socket() const { return socket_; }
   const std::string& vendors() const { return vendors_; }
@@ -65,7 +68,11 @@ class DemoTenant {
   bool WaitReady();  // its "r"
   bool Start();      // the start byte
   // What it wrote after "r" until it exited, and its exit status (-1: it did not exit normally).
-  std::string Finish(int& exit_status);
+  // Past `deadline` it is killed and the status is kTimedOut.
+  static constexpr int kTimedOut = -2;
+  std::string Finish(int& exit_status,
+                     std::chrono::steady_clock::time_point deadline =
+                         std::chrono::steady_clock::time_point::max());
 
  private:
   pid_t pid_ = -1;

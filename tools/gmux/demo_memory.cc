@@ -164,13 +164,30 @@ json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
   for (auto& k : kids) ok = ok && k.Start();
   json result;
   json tenants = json::array();
+  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(o.timeout_s));
+  bool timed_out = false;
+  json status_at_timeout;
   for (int i = 0; i < o.tenants; ++i) {
     int status = -1;
-    const std::string out = kids[i].Finish(status);
+    if (!timed_out && Clock::now() >= deadline) {
+      // The first tenant past the deadline: what the daemon was doing, before anyone is killed.
+      if (auto s = QuerySchedulerStatus(socket); s.ok()) {
+        status_at_timeout = json::parse(*s, nullptr, false);
+      }
+    }
+    const std::string out = kids[i].Finish(status, deadline);
     int rounds = 0, bad = -1;
     double secs = 0;
     std::stringstream(out) >> rounds >> bad >> secs;
-    if (status != 0) {
+    if (status == DemoTenant::kTimedOut) {
+      ok = false;
+      if (!timed_out) {
+        result["error"] = "tenant t" + std::to_string(i) + " did not finish within " +
+                          std::to_string(o.timeout_s) + " s (killed)";
+      }
+      timed_out = true;
+    } else if (status != 0) {
       ok = false;
       result["error"] = "tenant t" + std::to_string(i) + " failed (exit " +
                         std::to_string(status) +
@@ -189,6 +206,10 @@ json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
   if (auto s = QuerySchedulerStatus(socket); s.ok()) {
     status = json::parse(*s, nullptr, false);
     if (status.is_discarded()) status = json::object();
+  }
+  if (!ok) {
+    if (!status_at_timeout.is_null()) result["status_at_timeout"] = status_at_timeout;
+    result["daemon_log"] = daemon.LogTail();
   }
   daemon.Stop();
   if (!ok && !result.contains("error")) result["error"] = "a tenant did not start";

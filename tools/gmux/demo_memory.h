@@ -19,6 +19,7 @@ struct DemoMemoryOptions {
   int tenants = 4;
   int mib = 400;                  // each tenant's buffer
   int rounds = 6;                 // per tenant: launches, clFinish, read back, check
+  double timeout_s = 1800;        // per run: tenants still running then are killed (an error)
 };
 
 int RunDemoMemory(const DemoMemoryOptions& options);

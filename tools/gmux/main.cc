@@ -9,6 +9,7 @@
 #include "demo_fairness.h"
 #include "demo_memory.h"
 #include "sim/output.h"
+#include "lease.h"
 #include "status.h"
 #include "sim/scenario.h"
 
@@ -90,6 +91,38 @@ int main(int argc, char** argv) {
       "remaining work-items), commands, dispatches (chunks count one each), device time from\n"
       "profiling (START->END per dispatch) and, under `split`, the Eq. (1) usage.");
 
+  CLI::App* lease = app.add_subcommand(
+      "lease", "Explicit leases on gmuxd's device pool (exclusive devices, BioCloud)");
+  lease->require_subcommand(1);
+  gmux::cli::LeaseOptions lease_opts;
+  auto lease_common = [&lease_opts](CLI::App* c) {
+    c->add_option("--socket", lease_opts.socket,
+                  "gmuxd's Unix socket (default: $GMUX_SOCKET, else /run/gmux/gmuxd.sock)");
+    c->add_flag("--json", lease_opts.json, "Print the daemon's JSON");
+  };
+  CLI::App* lease_acquire = lease->add_subcommand(
+      "acquire", "Reserve a pool device (pinned: never reclaimed when idle)");
+  lease_common(lease_acquire);
+  lease_acquire->add_option("--tenant", lease_opts.tenant,
+                            "For another tenant of the config (root and admin_uids only)");
+  lease_acquire->add_option("--for", lease_opts.for_text,
+                            "Give it back after this long, e.g. 30m, 2h (default: until released)")
+      ->type_name("DURATION");
+  lease_acquire->add_option("--wait", lease_opts.wait_text,
+                            "Wait this long for a free device, then withdraw the request and "
+                            "exit 1 (default: return at once, the request stays queued)")
+      ->type_name("DURATION");
+  lease_acquire->footer(
+      "Prints the lease id (L<n>) and the device. The tenant's programs use the leased device\n"
+      "(their contexts on the pool device find it theirs) until `gmux lease release L<n>`.");
+  CLI::App* lease_release = lease->add_subcommand("release", "Give a lease back (or withdraw a "
+                                                              "waiting request)");
+  lease_common(lease_release);
+  lease_release->add_option("id", lease_opts.id, "The lease, e.g. L3")->required();
+  CLI::App* lease_list = lease->add_subcommand(
+      "list", "Pool devices, leases, waiting tenants, grant latency and reclaims");
+  lease_common(lease_list);
+
   CLI::App* demo = app.add_subcommand("demo", "Experiments on the real runtime");
   demo->require_subcommand(1);
   CLI::App* fair = demo->add_subcommand(
@@ -141,6 +174,10 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(1, 1 << 16));
   mem->add_option("--rounds", mem_opts.rounds, "Rounds per tenant (launches, clFinish, check)")
       ->capture_default_str()->check(CLI::Range(1, 100000));
+  mem->add_option("--timeout", mem_opts.timeout_s,
+                  "Seconds per run; tenants still running then are killed and the run reports "
+                  "an error with the daemon's status and log")
+      ->capture_default_str()->check(CLI::Range(1.0, 86400.0));
   mem->footer(
       "Each policy and swap_batch gets its own gmuxd with memory_slots set; tenants are separate processes (own\n"
       "uids when run as root). Tenant i bumps every word of its buffer max(1, 4-i) times per round\n"
@@ -185,6 +222,9 @@ int main(int argc, char** argv) {
   }
   if (sim_run->parsed()) return RunSim(args);
   if (status->parsed()) return gmux::cli::RunStatus(status_socket, status_json);
+  if (lease_acquire->parsed()) return gmux::cli::RunLeaseAcquire(lease_opts);
+  if (lease_release->parsed()) return gmux::cli::RunLeaseRelease(lease_opts);
+  if (lease_list->parsed()) return gmux::cli::RunLeaseList(lease_opts);
   if (fair->parsed()) return gmux::cli::RunDemoFairness(fair_opts);
   if (mem->parsed()) return gmux::cli::RunDemoMemory(mem_opts);
   if (bench->parsed()) return gmux::cli::RunBench(bench_opts);

@@ -30,7 +30,8 @@ Result<proto::Message> Call(int fd, capnp::MallocMessageBuilder& b) {
 
 }  // namespace
 
-Result<std::string> QuerySchedulerStatus(const std::string& socket_arg) {
+Result<std::string> ControlRequest(const std::string& socket_arg, const char* client,
+                                   const std::optional<LeaseArgs>& lease) {
   std::string path = socket_arg;
   if (path.empty()) {
     const char* env = std::getenv("GMUX_SOCKET");
@@ -57,7 +58,7 @@ Result<std::string> QuerySchedulerStatus(const std::string& socket_arg) {
     auto h = req.initHello();
     h.setProtocolVersion(proto::kProtocolVersion);
     h.setPid(static_cast<uint32_t>(::getpid()));
-    h.setClientName("gmux status");
+    h.setClientName(client);
     h.setControl(true);
     auto r1 = Call(fd, hello);
     if (!r1.ok()) {
@@ -69,27 +70,43 @@ Result<std::string> QuerySchedulerStatus(const std::string& socket_arg) {
                              r1->root<wire::Reply>().getMessage().cStr());
       return;
     }
-    capnp::MallocMessageBuilder stats;
-    auto sreq = stats.initRoot<wire::Request>();
+    capnp::MallocMessageBuilder ask;
+    auto sreq = ask.initRoot<wire::Request>();
     sreq.setSeq(2);
-    sreq.setStats();
-    auto r2 = Call(fd, stats);
+    if (lease) {
+      auto l = sreq.initLease();
+      l.setAction(lease->action);
+      l.setTenant(lease->tenant);
+      l.setLease(lease->id);
+      l.setForSeconds(lease->for_s);
+    } else {
+      sreq.setStats();
+    }
+    auto r2 = Call(fd, ask);
     if (!r2.ok()) {
       out = r2.status();
       return;
     }
     auto rep = r2->root<wire::Reply>();
-    if (!rep.isStats()) {
-      out = Internal("gmuxd answered the status request with something else");
-      return;
+    if (rep.getStatus() != CL_SUCCESS) {
+      out = FailedPrecondition(std::string("gmuxd: ") + rep.getMessage().cStr());
+    } else if (lease && rep.isLease()) {
+      out = std::string(rep.getLease().cStr());
+    } else if (!lease && rep.isStats()) {
+      out = std::string(rep.getStats().getScheduler().cStr());
+    } else {
+      out = Internal("gmuxd answered the request with something else");
     }
-    out = std::string(rep.getStats().getScheduler().cStr());
   })) {
     out = DataLoss(std::string("malformed reply: ") + e->getDescription().cStr());
   }
   ::close(fd);
   if (out.ok() && out->empty()) return Unimplemented("this gmuxd does not report its scheduler");
   return out;
+}
+
+Result<std::string> QuerySchedulerStatus(const std::string& socket) {
+  return ControlRequest(socket, "gmux status", std::nullopt);
 }
 
 int RunStatus(const std::string& socket, bool json) {

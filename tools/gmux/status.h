@@ -2,6 +2,8 @@
 // request; the reply's `scheduler` field is JSON, see docs/operations.md).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
@@ -9,6 +11,17 @@
 namespace gmux::cli {
 
 // The daemon's scheduler JSON. `socket` empty: $GMUX_SOCKET, else the default socket.
+// `gmux lease`'s request (LeaseOp in gmux.capnp).
+struct LeaseArgs {
+  std::string action, tenant;
+  uint64_t id = 0;
+  double for_s = 0;
+};
+
+// One request on a control connection to gmuxd at `socket` (empty: $GMUX_SOCKET or the default):
+// Stats (the scheduler's JSON) without `lease`, else the lease operation's JSON answer.
+Result<std::string> ControlRequest(const std::string& socket, const char* client,
+                                   const std::optional<LeaseArgs>& lease);
 Result<std::string> QuerySchedulerStatus(const std::string& socket);
 
 // `gmux status [--json]`: prints a table (or the JSON); returns the exit status.
