@@ -243,6 +243,9 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
         if (pool_device_.load() == l.device) pool_device_.store(kNoDevice);
         evict_pending_.push_back(ctl::Evict{l.device, 0, l.epoch});
       }
+      // Express work not yet reported goes first: once the answer is in, the device is the next
+      // holder's, and a report of this session's work there would be a protocol violation.
+      FlushReady(/*force_report=*/true);
       EvictWhenIdle();
       break;
     case ctl::Type::kLimits: {

@@ -177,6 +177,25 @@ TEST_F(PoolTest, ImplicitLeaseFollowsTheTenantsContextsAndResultsAreRight) {
   EXPECT_GE(LeaseList().value("grants", 0), 1);
 }
 
+// Programs that end and start again at once (BioCloud's runs): the next context comes while
+// the last lease is still being given back; every run's results are right, and the worker never
+// reports work on a device after giving it back (that would end its session).
+TEST_F(PoolTest, ProgramsEndingAndStartingAtOnceKeepWorking) {
+  daemon_.Start(PoolConfig("wait_s = 10\n"));
+  Child a = Child::Spawn(daemon_, {1, 90, {}}, [](Channel& ch) {
+    for (int i = 0; i < 8; ++i) {
+      Channel quiet(-1, -1);
+      if (int rc = PoolTenant(quiet, 2, false); rc != 0) return rc;
+    }
+    ch.Send(1);
+    return 0;
+  });
+  EXPECT_EQ(a.Receive(60s), 1) << daemon_.Log();
+  EXPECT_TRUE(a.Wait(30s).ok()) << daemon_.Log();
+  EXPECT_EQ(daemon_.Log().find("broke the control protocol"), std::string::npos) << daemon_.Log();
+  EXPECT_GE(LeaseList().value("grants", 0), 2) << LeaseList().dump();
+}
+
 TEST_F(PoolTest, ContextWaitsForAFreeDeviceThenFailsWithDeviceNotAvailable) {
   daemon_.Start(PoolConfig("wait_s = 1.5\n", /*pool_devices=*/1));
   Child a = Child::Spawn(daemon_, {1, 60, {}}, [](Channel& ch) {

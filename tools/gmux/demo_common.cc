@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <filesystem>
@@ -149,6 +150,11 @@ bool DemoTenant::Spawn(const DemoDaemon& daemon, uid_t uid,
   if (pid_ == 0) {
     ::close(up[0]);
     ::close(down[1]);
+    // Nothing of the demo's other tenants (their pipes' ends) stays open here: a tenant's pipe
+    // must reach end-of-file when that tenant and the demo close it.
+    for (int fd = 3; fd < 1024; ++fd) {
+      if (fd != up[1] && fd != down[0]) ::close(fd);
+    }
     if (uid != 0 && (::setgid(uid) != 0 || ::setuid(uid) != 0)) ::_exit(3);
     ::setenv("OCL_ICD_VENDORS", daemon.vendors().c_str(), 1);
     ::setenv("GMUX_SOCKET", daemon.socket().c_str(), 1);
@@ -161,9 +167,35 @@ bool DemoTenant::Spawn(const DemoDaemon& daemon, uid_t uid,
   return pid_ > 0;
 }
 
-bool DemoTenant::WaitReady() {
-  char c = 0;
-  return up_ >= 0 && ::read(up_, &c, 1) == 1 && c == 'r';
+bool DemoTenant::WaitReady(std::chrono::steady_clock::time_point deadline) {
+  if (up_ < 0) return false;
+  for (;;) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero()) return false;
+    pollfd p{up_, POLLIN, 0};
+    const int ms = static_cast<int>(std::min<int64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1, 1000));
+    if (::poll(&p, 1, ms) <= 0) continue;
+    char c = 0;
+    return ::read(up_, &c, 1) == 1 && c == 'r';
+  }
+}
+
+void DemoTenant::Kill() {
+  if (pid_ > 0) ::kill(pid_, SIGKILL);
+}
+
+bool StartAll(std::vector<DemoTenant>& tenants, int* not_ready) {
+  bool ok = true;
+  for (size_t i = 0; i < tenants.size() && ok; ++i) {
+    ok = tenants[i].WaitReady();
+    if (!ok && not_ready != nullptr) *not_ready = static_cast<int>(i);
+  }
+  for (auto& t : tenants) ok = ok && t.Start();
+  if (!ok) {
+    for (auto& t : tenants) t.Kill();
+  }
+  return ok;
 }
 
 bool DemoTenant::Start() {
@@ -176,15 +208,23 @@ std::string DemoTenant::Finish(int& exit_status, std::chrono::steady_clock::time
   char buf[4096];
   bool timed_out = false;
   while (up_ >= 0) {
+    // What it wrote (or its exit) counts even past the deadline: only a tenant still running
+    // then has timed out.
     const auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::steady_clock::duration::zero()) {
-      timed_out = true;
-      break;
-    }
+    const int ms = left <= std::chrono::steady_clock::duration::zero()
+                       ? 0
+                       : static_cast<int>(std::min<int64_t>(
+                             std::chrono::duration_cast<std::chrono::milliseconds>(left).count() +
+                                 1,
+                             1000));
     pollfd p{up_, POLLIN, 0};
-    const int ms = static_cast<int>(std::min<int64_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(left).count() + 1, 1000));
-    if (::poll(&p, 1, ms) <= 0) continue;
+    if (::poll(&p, 1, ms) <= 0) {
+      if (ms == 0) {
+        timed_out = true;
+        break;
+      }
+      continue;
+    }
     const ssize_t n = ::read(up_, buf, sizeof(buf));
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));

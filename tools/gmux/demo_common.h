@@ -65,8 +65,11 @@ class DemoTenant {
   ~DemoTenant();
 
   bool Spawn(const DemoDaemon& daemon, uid_t uid, const std::function<int(int up, int down)>& body);
-  bool WaitReady();  // its "r"
+  // Its "r"; false when it exited first or wrote nothing by `deadline`.
+  bool WaitReady(std::chrono::steady_clock::time_point deadline =
+                     std::chrono::steady_clock::now() + std::chrono::minutes(5));
   bool Start();      // the start byte
+  void Kill();       // SIGKILL (Finish() then reaps it and reports it failed)
   // What it wrote after "r" until it exited, and its exit status (-1: it did not exit normally).
   // Past `deadline` it is killed and the status is kTimedOut.
   static constexpr int kTimedOut = -2;
@@ -78,5 +81,11 @@ class DemoTenant {
   pid_t pid_ = -1;
   int up_ = -1, down_ = -1;
 };
+
+// Waits until every tenant is ready, then sends each its start byte. When one is not (it failed
+// while setting up, or is stuck), every tenant is killed and false returned, with the first
+// such tenant's index in `not_ready`: the others would otherwise wait for a start byte forever,
+// and the demo with them.
+bool StartAll(std::vector<DemoTenant>& tenants, int* not_ready = nullptr);
 
 }  // namespace gmux::cli

@@ -405,8 +405,7 @@ json RunOne(const DemoPaths& paths, const Setup& setup, const std::string& polic
                                return TenantMain(setup.tenants[i], depth, run_s, up, down);
                              });
   }
-  for (auto& k : kids) ok = ok && k.WaitReady();
-  for (auto& k : kids) ok = ok && k.Start();
+  ok = StartAll(kids) && ok;
   std::this_thread::sleep_for(std::chrono::duration<double>(o.warmup_s));
   json a = Snapshot(socket);
   auto t0 = Clock::now();

@@ -159,10 +159,14 @@ json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
                                return TenantMain(i, o.mib, o.rounds, up, down);
                              });
   }
-  for (auto& k : kids) ok = ok && k.WaitReady();
   const auto t0 = Clock::now();
-  for (auto& k : kids) ok = ok && k.Start();
+  int not_ready = -1;
+  ok = StartAll(kids, &not_ready) && ok;
   json result;
+  if (not_ready >= 0) {
+    result["error"] = "tenant t" + std::to_string(not_ready) +
+                      " failed while setting up (no device, context, program or buffer)";
+  }
   json tenants = json::array();
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(o.timeout_s));
@@ -170,13 +174,14 @@ json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
   json status_at_timeout;
   for (int i = 0; i < o.tenants; ++i) {
     int status = -1;
-    if (!timed_out && Clock::now() >= deadline) {
-      // The first tenant past the deadline: what the daemon was doing, before anyone is killed.
+    const std::string out = kids[i].Finish(status, deadline);
+    if (status == DemoTenant::kTimedOut && status_at_timeout.is_null()) {
+      // The first tenant past the deadline (killed): what the daemon was doing, before the
+      // others are.
       if (auto s = QuerySchedulerStatus(socket); s.ok()) {
         status_at_timeout = json::parse(*s, nullptr, false);
       }
     }
-    const std::string out = kids[i].Finish(status, deadline);
     int rounds = 0, bad = -1;
     double secs = 0;
     std::stringstream(out) >> rounds >> bad >> secs;
@@ -187,7 +192,7 @@ json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
                           std::to_string(o.timeout_s) + " s (killed)";
       }
       timed_out = true;
-    } else if (status != 0) {
+    } else if (status != 0 && !result.contains("error")) {  // the first failure is named
       ok = false;
       result["error"] = "tenant t" + std::to_string(i) + " failed (exit " +
                         std::to_string(status) +

@@ -8,6 +8,7 @@
 #include "bench.h"
 #include "demo_fairness.h"
 #include "demo_memory.h"
+#include "demo_pool.h"
 #include "sim/output.h"
 #include "lease.h"
 #include "status.h"
@@ -185,6 +186,30 @@ int main(int argc, char** argv) {
       "default (4 x 400 MiB on 1 GiB) needs ~8 GiB of host memory and takes a few minutes.\n"
       "Exit 1 when any result differed from the CPU's or a tenant failed.");
 
+  CLI::App* pool = demo->add_subcommand(
+      "pool", "BioCloud's device pool on real OpenCL: static assignment vs leases, 1/2/4 devices");
+  gmux::cli::DemoPoolOptions pool_opts;
+  pool->add_flag("--json", pool_opts.json, "One JSON object with every configuration");
+  pool->add_option("--devices", pool_opts.devices, "Comma-separated pool sizes")
+      ->capture_default_str();
+  pool->add_option("--sleeps", pool_opts.sleeps,
+                   "Comma-separated sleeps between runs, in jobs (BioCloud: 9/18 and 36/18)")
+      ->capture_default_str();
+  pool->add_option("--tenants", pool_opts.tenants, "Tenant processes")
+      ->capture_default_str()->check(CLI::Range(1, 16));
+  pool->add_option("--runs", pool_opts.runs, "Runs per tenant")
+      ->capture_default_str()->check(CLI::Range(1, 1000));
+  pool->add_option("--job", pool_opts.job_s, "Seconds of device work per run")
+      ->capture_default_str()->check(CLI::Range(0.01, 600.0));
+  pool->add_option("--timeout", pool_opts.timeout_s, "Seconds per configuration")
+      ->capture_default_str()->check(CLI::Range(1.0, 86400.0));
+  pool->footer(
+      "Each configuration gets its own gmuxd whose PoCL devices (POCL_DEVICES, one thread each)\n"
+      "are all exclusive. static: each tenant's program keeps its context (its lease) from its\n"
+      "first run to its last; pool: each run is a program of its own (context, build, job, release).\n"
+      "Completion times are normalised to BioCloud's theoretical time; the simulator's figures\n"
+      "for the same workload are beside them. Exit 1 when a run failed or a result was wrong.");
+
   CLI::App* bench = app.add_subcommand(
       "bench", "Plain OpenCL programs natively and through gmux in one run, with the ratios");
   gmux::cli::BenchOptions bench_opts;
@@ -227,6 +252,7 @@ int main(int argc, char** argv) {
   if (lease_list->parsed()) return gmux::cli::RunLeaseList(lease_opts);
   if (fair->parsed()) return gmux::cli::RunDemoFairness(fair_opts);
   if (mem->parsed()) return gmux::cli::RunDemoMemory(mem_opts);
+  if (pool->parsed()) return gmux::cli::RunDemoPool(pool_opts);
   if (bench->parsed()) return gmux::cli::RunBench(bench_opts);
   return 0;
 }
