@@ -236,6 +236,7 @@ class Scheduler {
     uint64_t grants = 0, reclaims = 0, timeouts = 0, hook_failures = 0;
     double grant_latency_s = 0;        // Σ request -> usable over grants
     double reacquire_s = 0;            // Σ reclaim -> usable again, over re-acquires
+    double reacquire_latency_s = 0;    // Σ the re-acquire's ask -> usable
     uint64_t reacquires = 0;
   };
   struct PoolDevice {

@@ -261,6 +261,7 @@ void Scheduler::PoolGranted(uint32_t index) {
     pt.grant_latency_s += ToSeconds(now - pt.requested);
     if (pt.reclaimed_at) {
       pt.reacquire_s += ToSeconds(now - *pt.reclaimed_at);
+      pt.reacquire_latency_s += ToSeconds(now - pt.requested);
       ++pt.reacquires;
       pt.reclaimed_at.reset();
     }
@@ -659,13 +660,14 @@ std::string Scheduler::PoolStatus() const {
     }
     devs.push_back(d);
   }
-  double grants = 0, latency = 0, reacq = 0, reacq_s = 0;
+  double grants = 0, latency = 0, reacq = 0, reacq_s = 0, reacq_latency = 0;
   uint64_t reclaims = 0, timeouts = 0;
   for (const auto& [tenant, pt] : pool_.tenants) {
     grants += static_cast<double>(pt.grants);
     latency += pt.grant_latency_s;
     reacq += static_cast<double>(pt.reacquires);
     reacq_s += pt.reacquire_s;
+    reacq_latency += pt.reacquire_latency_s;
     reclaims += pt.reclaims;
     timeouts += pt.timeouts;
     const core::LeaseView v = pool_.lease->Lease(tenant);
@@ -712,6 +714,7 @@ std::string Scheduler::PoolStatus() const {
               {"reclaims", reclaims},
               {"reacquires", static_cast<uint64_t>(reacq)},
               {"mean_reclaim_to_reacquire_s", reacq > 0 ? reacq_s / reacq : 0.0},
+              {"mean_reacquire_latency_s", reacq > 0 ? reacq_latency / reacq : 0.0},
               {"timeouts", timeouts},
               {"attach_hooks", pool_.attach_hooks},
               {"attach_hook_s", pool_.attach_hook_s},

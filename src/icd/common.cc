@@ -55,6 +55,9 @@ void PostRelease(wire::ObjectKind kind, uint64_t id) {
   r.setKind(kind);
   r.setId(id);
   (void)c->Post(b);
+  // A context's release is where a program lets its device go (the pool's lease ends with the
+  // tenant's last context): the daemon hears of it now, not with the program's next call.
+  if (kind == wire::ObjectKind::CONTEXT) (void)c->Flush();
 }
 
 // ---- remote info ----

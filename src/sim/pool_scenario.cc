@@ -210,7 +210,10 @@ Result<ScenarioOutput> RunPoolScenario(const TomlDoc& doc) {
                {"in_use", r->in_use_fraction},
                {"plug", r->plug_fraction}}},
              {"tenants", tenants}});
-        table.AddRow({policy, Fixed(sleep_s, 0), std::to_string(devices), Fixed(r->makespan_s, 1),
+        const int sleep_digits =
+            sleep_s == static_cast<double>(static_cast<int64_t>(sleep_s)) ? 0 : 2;
+        table.AddRow({policy, Fixed(sleep_s, sleep_digits), std::to_string(devices),
+                      Fixed(r->makespan_s, 1),
                       Fixed(r->theoretical_s, 1), Fixed(r->normalized_time, 3),
                       (r->normalized_time >= 1 ? "+" : "") +
                           Percent(r->normalized_time - 1.0),

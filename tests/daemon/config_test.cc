@@ -213,6 +213,36 @@ TEST(DaemonConfigTest, TheExampleConfigParsesWithTheDefaults) {
   EXPECT_EQ(o->limits.memory_quota, none->limits.memory_quota);
   EXPECT_EQ(o->express_dispatch, none->express_dispatch);
   EXPECT_EQ(o->inflight_per_device, none->inflight_per_device);
+  EXPECT_EQ(o->pool.check_period_s, none->pool.check_period_s);
+  EXPECT_EQ(o->pool.idle_s, none->pool.idle_s);
+  EXPECT_EQ(o->pool.wait_s, none->pool.wait_s);
+  EXPECT_EQ(o->pool.hook_timeout_s, none->pool.hook_timeout_s);
+  EXPECT_TRUE(o->exclusive_devices.empty());
+}
+
+// The pool's keys: device modes, [pool] values and their errors at their line.
+TEST(DaemonConfigTest, PoolDevicesAndOptions) {
+  auto o = ParseDaemonConfig(
+      "[[scheduler.device]]\nindex = 1\nmode = \"exclusive\"\n"
+      "[[scheduler.device]]\nindex = 2\nmode = \"shared\"\n"
+      "[pool]\nidle_s = 3\nwait_s = 0.5\nattach_hook = \"true\"\n",
+      "g.toml");
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->exclusive_devices, std::vector<uint32_t>{1});
+  EXPECT_EQ(o->pool.idle_s, 3);
+  EXPECT_EQ(o->pool.wait_s, 0.5);
+  EXPECT_EQ(o->pool.attach_hook, "true");
+  auto bad_mode = ParseDaemonConfig("[[scheduler.device]]\nindex = 1\nmode = \"lent\"\n", "g.toml");
+  ASSERT_FALSE(bad_mode.ok());
+  EXPECT_NE(bad_mode.status().message().find("g.toml:3"), std::string::npos)
+      << bad_mode.status().message();
+  EXPECT_NE(bad_mode.status().message().find("mode"), std::string::npos);
+  auto bad_key = ParseDaemonConfig("[pool]\nidle = 3\n", "g.toml");
+  ASSERT_FALSE(bad_key.ok());
+  EXPECT_NE(bad_key.status().message().find("idle"), std::string::npos);
+  auto too_long = ParseDaemonConfig("[pool]\nwait_s = 100000\n", "g.toml");
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("at most 86400"), std::string::npos);
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 // gmux ICD; `gmux lease` is the real CLI.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -385,6 +387,31 @@ TEST_F(PoolTest, TenantKilledWhileHoldingOrWaitingFreesThePool) {
   EXPECT_EQ(c.Receive(30s), 0);
   EXPECT_TRUE(c.Wait(30s).ok()) << daemon_.Log();
   EXPECT_TRUE(daemon_.Alive());
+}
+
+// A pool the backend cannot make is refused at start, with the reason.
+TEST_F(PoolTest, BadPoolConfigStopsTheDaemonWithAClearError) {
+  const std::string dir = "/tmp/gmux-pool-bad-" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  const std::string cfg = dir + "/g.toml";
+  {
+    std::ofstream f(cfg);
+    f << "[daemon]\nsocket = \"" << dir << "/s.sock\"\n" << PoolConfig("", 2)
+      << "[[scheduler.device]]\nindex = 7\nmode = \"exclusive\"\n";
+  }
+  const std::string cmd = std::string("timeout 60 ") + GMUXD_PATH + " --config " + cfg +
+                          " --exit-after 5 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int rc = ::pclose(p);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("index 7 is exclusive, but the backend has 3 device(s)"), std::string::npos)
+      << out;
+  ::unlink(cfg.c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace

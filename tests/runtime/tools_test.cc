@@ -140,5 +140,36 @@ TEST(ToolsTest, DemoMemoryMovesDataAndKeepsEveryResult) {
   }
 }
 
+// `gmux demo pool` end to end on a small workload: every run of every tenant completed with
+// right results (a wrong one fails the command), `static` holds one lease per tenant, `pool`
+// takes one per run, and the simulator's figures for the same workload are beside them.
+TEST(ToolsTest, DemoPoolRunsStaticAndPoolWithTheSimulatorsFigures) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root: each tenant runs as its own uid";
+  std::string out;
+  ASSERT_EQ(RunShell(std::string("timeout 280 ") + GMUX_CLI_PATH +
+                         " demo pool --json --devices 1,2 --sleeps 1 --tenants 2 --runs 2"
+                         " --job 0.2 --timeout 60 2>&1",
+                     out),
+            0)
+      << out;
+  auto j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_GT(j["job_s"].get<double>(), 0);
+  ASSERT_EQ(j["configs"].size(), 2u) << out;
+  for (const auto& c : j["configs"]) {
+    for (const char* mode : {"static", "pool"}) {
+      const auto& r = c[mode];
+      ASSERT_FALSE(r.contains("error")) << r.dump();
+      EXPECT_GT(r["normalized_time"].get<double>(), 0) << mode;
+      ASSERT_EQ(r["runs"].size(), 2u) << mode;
+      for (const auto& t : r["runs"]) EXPECT_EQ(t.size(), 2u) << mode;
+      EXPECT_GT(c[std::string("sim_") + mode]["normalized_time"].get<double>(), 0) << mode;
+    }
+    EXPECT_EQ(c["static"]["grants"].get<int>(), 2) << c.dump();
+    EXPECT_GE(c["pool"]["grants"].get<int>(), 4) << c.dump();
+    EXPECT_TRUE(c.contains("gain_points"));
+  }
+}
+
 }  // namespace
 }  // namespace gmux::testing

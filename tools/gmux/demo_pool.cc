@@ -212,14 +212,23 @@ std::string Config(int devices, bool pin, double job_s) {
   return c.str();
 }
 
-json RunConfig(const DemoPaths& paths, int devices, bool per_run, double sleep_s, uint32_t iters,
+// How the tenants use the pool: `static` holds a device per tenant for the whole run (never
+// reclaimed), `pool` makes each run a program of its own (a lease per run), `reclaim` keeps one
+// program up for all runs and leaves it to the checker to take the device back in the sleeps.
+enum class Mode { kStatic, kPool, kReclaim };
+const char* ModeName(Mode m) {
+  return m == Mode::kStatic ? "static" : m == Mode::kPool ? "pool" : "reclaim";
+}
+
+json RunConfig(const DemoPaths& paths, int devices, Mode mode, double sleep_s, uint32_t iters,
                int launches, const DemoPoolOptions& o) {
+  const bool per_run = mode == Mode::kPool;
   DemoDaemon daemon;
   if (!daemon.Prepare("gmux-pool", paths)) return json{{"error", "cannot make a temp dir"}};
   std::string pocl = "pthread";
   for (int d = 0; d < devices; ++d) pocl += " pthread";
   ::setenv("POCL_DEVICES", pocl.c_str(), 1);
-  const bool started = daemon.Start(Config(devices, !per_run, o.job_s), 3600);
+  const bool started = daemon.Start(Config(devices, mode == Mode::kStatic, o.job_s), 3600);
   ::unsetenv("POCL_DEVICES");
   if (!started) return json{{"error", "gmuxd did not start"}};
   const bool root = ::getuid() == 0;
@@ -237,6 +246,7 @@ json RunConfig(const DemoPaths& paths, int devices, bool per_run, double sleep_s
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(o.timeout_s));
   json result;
+  json runs = json::array();  // per tenant, per run
   double makespan = 0, wait_sum = 0;
   int waits = 0;
   for (int i = 0; i < o.tenants; ++i) {
@@ -249,13 +259,20 @@ json RunConfig(const DemoPaths& paths, int devices, bool per_run, double sleep_s
                                                          : " failed (exit " +
                                                                std::to_string(status) + ")");
     }
-    double w = 0, end = 0;
+    double w = 0, end = 0, prev_end = 0;
+    json t = json::array();
     while (in >> w >> end) {
       wait_sum += w;
       ++waits;
       makespan = std::max(makespan, end);
+      // The run's own time: from its device being usable to its end.
+      const double began = (t.empty() ? 0.0 : prev_end + sleep_s) + w;
+      t.push_back(json{{"wait_s", w}, {"end_s", end}, {"run_s", end - began}});
+      prev_end = end;
     }
+    runs.push_back(t);
   }
+  result["runs"] = runs;
   json pool;
   if (auto s = QuerySchedulerStatus(daemon.socket()); s.ok()) {
     json st = json::parse(*s, nullptr, false);
@@ -269,20 +286,24 @@ json RunConfig(const DemoPaths& paths, int devices, bool per_run, double sleep_s
     result["grants"] = pool.value("grants", 0);
     result["mean_grant_latency_s"] = pool.value("mean_grant_latency_s", 0.0);
     result["reclaims"] = pool.value("reclaims", 0);
+    result["reacquires"] = pool.value("reacquires", 0);
+    result["mean_reacquire_latency_s"] = pool.value("mean_reacquire_latency_s", 0.0);
   }
   return result;
 }
 
 // The simulator's run of the same workload (docs/policies.md, LeasePool, "The simulator's
 // model"): no plug-in/out time (the runtime has no hooks here), the same checker and idle limit.
-json Simulate(int devices, bool per_run, double job_s, double sleep_s, const DemoPoolOptions& o) {
+json Simulate(int devices, Mode mode, double job_s, double sleep_s, const DemoPoolOptions& o) {
   sim::PoolSimConfig c;
   c.pool.devices = static_cast<uint32_t>(devices);
   c.pool.check_period = FromSeconds(CheckPeriod(job_s));
-  c.pool.idle_threshold = FromSeconds(per_run ? IdleLimit(job_s) : 86400.0);
+  c.pool.idle_threshold = FromSeconds(mode == Mode::kStatic ? 86400.0 : IdleLimit(job_s));
   c.pool.attach_time = Duration(0);
   c.pool.detach_time = Duration(0);
-  c.mode = per_run ? sim::PoolClientMode::kPool : sim::PoolClientMode::kExplicit;
+  c.mode = mode == Mode::kStatic ? sim::PoolClientMode::kExplicit
+           : mode == Mode::kPool ? sim::PoolClientMode::kPool
+                                 : sim::PoolClientMode::kIdleReclaim;
   for (int i = 0; i < o.tenants; ++i) {
     sim::PoolTenantSpec t;
     t.name = "t" + std::to_string(i);
@@ -328,6 +349,21 @@ int RunDemoPool(const DemoPoolOptions& o) {
       ok = false;
     }
   }
+  std::vector<Mode> modes;
+  for (const std::string& m : SplitList(o.modes)) {
+    if (m == "static") {
+      modes.push_back(Mode::kStatic);
+    } else if (m == "pool") {
+      modes.push_back(Mode::kPool);
+    } else if (m == "reclaim") {
+      modes.push_back(Mode::kReclaim);
+    } else {
+      std::cerr << "gmux demo pool: --modes: unknown mode '" << m
+                << "' (known: static, pool, reclaim)\n";
+      ok = false;
+    }
+  }
+  if (modes.empty()) ok = false;
   if (!ok) return 2;
   // One PoCL thread per device, so that N devices are N cores' worth of device (as far as the
   // host has cores).
@@ -363,12 +399,12 @@ int RunDemoPool(const DemoPoolOptions& o) {
     for (double dn : device_counts) {
       const int n = static_cast<int>(dn);
       json row{{"devices", n}, {"sleep_s", sleep_s}, {"sleep_over_job", s_rel}};
-      for (bool per_run : {false, true}) {
-        const char* mode = per_run ? "pool" : "static";
+      for (Mode m : modes) {
+        const char* mode = ModeName(m);
         if (!o.json) std::cerr << "running " << n << " device(s), sleep " << sleep_s << " s, "
                                << mode << " ...\n";
-        json r = RunConfig(paths, n, per_run, sleep_s, iters, launches, o);
-        json sim = Simulate(n, per_run, job_alone, sleep_s, o);
+        json r = RunConfig(paths, n, m, sleep_s, iters, launches, o);
+        json sim = Simulate(n, m, job_alone, sleep_s, o);
         const double theory = sim.value("theoretical_s", 0.0);
         if (theory > 0) r["normalized_time"] = r.value("makespan_s", 0.0) / theory;
         if (r.contains("error")) {
@@ -379,6 +415,10 @@ int RunDemoPool(const DemoPoolOptions& o) {
         row[mode] = r;
         row[std::string("sim_") + mode] = sim;
         row["theoretical_s"] = theory;
+      }
+      if (!row.contains("static") || !row.contains("pool")) {
+        configs.push_back(row);
+        continue;
       }
       // The pool's gain over static assignment, in points of the theoretical time, measured and
       // predicted.
@@ -407,21 +447,26 @@ int RunDemoPool(const DemoPoolOptions& o) {
               "pool of PoCL devices (one thread each; this host has %u cores), every result\n"
               "checked. static: one device per tenant for its whole run; pool: a lease per run.\n\n",
               o.tenants, o.runs, job_alone, cores);
-  std::printf("%7s %7s %9s | %8s %8s %8s | %8s %8s %8s | %7s %7s\n", "devices", "sleep s",
-              "theory s", "static", "pool", "wait s", "sim st.", "sim pool", "sim wait",
-              "gain", "sim");
+  auto norm = [](const json& row, const std::string& key) {
+    return row.contains(key) ? row[key].value("normalized_time", 0.0) : 0.0;
+  };
+  std::printf("%7s %7s %9s | %7s %7s %7s %6s | %7s %7s %7s %6s | %6s %6s\n", "devices",
+              "sleep s", "theory s", "static", "pool", "reclaim", "wait", "sim st", "sim pl",
+              "sim rc", "wait", "gain", "sim");
   for (const json& r : configs) {
-    std::printf("%7d %7.2f %9.2f | %8.3f %8.3f %8.2f | %8.3f %8.3f %8.2f | %6.1f%% %6.1f%%\n",
+    std::printf("%7d %7.2f %9.2f | %7.3f %7.3f %7.3f %6.2f | %7.3f %7.3f %7.3f %6.2f |"
+                " %5.1f%% %5.1f%%\n",
                 r.value("devices", 0), r.value("sleep_s", 0.0), r.value("theoretical_s", 0.0),
-                r["static"].value("normalized_time", 0.0), r["pool"].value("normalized_time", 0.0),
-                r["pool"].value("mean_wait_s", 0.0), r["sim_static"].value("normalized_time", 0.0),
-                r["sim_pool"].value("normalized_time", 0.0),
-                r["sim_pool"].value("mean_wait_s", 0.0), r.value("gain_points", 0.0),
-                r.value("sim_gain_points", 0.0));
+                norm(r, "static"), norm(r, "pool"), norm(r, "reclaim"),
+                r.contains("pool") ? r["pool"].value("mean_wait_s", 0.0) : 0.0,
+                norm(r, "sim_static"), norm(r, "sim_pool"), norm(r, "sim_reclaim"),
+                r.contains("sim_pool") ? r["sim_pool"].value("mean_wait_s", 0.0) : 0.0,
+                r.value("gain_points", 0.0), r.value("sim_gain_points", 0.0));
   }
-  std::printf("\nstatic/pool/sim: completion time over BioCloud's theoretical time (lower is\n"
-              "better); wait s: mean wait of a run for its device (pool); gain: static minus\n"
-              "pool in points of the theoretical time, measured and as the simulator predicts.\n");
+  std::printf("\nstatic/pool/reclaim (and sim): completion time over BioCloud's theoretical time\n"
+              "(lower is better); wait: mean wait of a run for its device (pool); gain: static\n"
+              "minus pool in points of the theoretical time, measured and as the simulator\n"
+              "predicts.\n");
   if (cores < 4) {
     std::printf("(pool sizes above %u share this host's %u cores: those rows measure CPU\n"
                 "contention as much as the pool)\n", cores, cores);

@@ -5,7 +5,9 @@
 // first run to its last, the sleeps included: one device per tenant for the whole run) and
 // `pool` (each run is a program of its own: its context takes an implicit lease, its end gives
 // it back). Completion time is normalised to BioCloud's theoretical time and shown beside the
-// simulator's prediction for the same workload (sim::SimulatePool).
+// simulator's prediction for the same workload (sim::SimulatePool). A third way, `reclaim`, keeps
+// each tenant's program up for all its runs and leaves it to the pool's checker to take the device
+// back while it sleeps (its next run re-acquires one).
 #pragma once
 
 #include <string>
@@ -16,6 +18,7 @@ struct DemoPoolOptions {
   bool json = false;
   std::string devices = "1,2,4";  // pool sizes
   std::string sleeps = "0.5,2";   // sleep between runs, in multiples of the job (paper: 9/18, 36/18)
+  std::string modes = "static,pool,reclaim";
   int tenants = 4;
   int runs = 3;
   double job_s = 1.0;             // device work of one run

@@ -195,6 +195,10 @@ int main(int argc, char** argv) {
   pool->add_option("--sleeps", pool_opts.sleeps,
                    "Comma-separated sleeps between runs, in jobs (BioCloud: 9/18 and 36/18)")
       ->capture_default_str();
+  pool->add_option("--modes", pool_opts.modes,
+                   "Comma-separated: static (a device per tenant for its whole run), pool (a "
+                   "lease per run), reclaim (one program, the checker reclaims in the sleeps)")
+      ->capture_default_str();
   pool->add_option("--tenants", pool_opts.tenants, "Tenant processes")
       ->capture_default_str()->check(CLI::Range(1, 16));
   pool->add_option("--runs", pool_opts.runs, "Runs per tenant")
