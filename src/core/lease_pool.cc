@@ -103,14 +103,26 @@ Result<LeaseView> LeasePool::RequestImplicit(TenantId tenant, TimePoint now) {
   return Request(tenant, LeaseKind::kImplicit, now);
 }
 
-Result<LeaseView> LeasePool::RequestExplicit(TenantId tenant, TimePoint now) {
-  return Request(tenant, LeaseKind::kPinned, now);
+Result<LeaseView> LeasePool::RequestExplicit(TenantId tenant, TimePoint now,
+                                             std::optional<DeviceId> device) {
+  return Request(tenant, LeaseKind::kPinned, now, device);
 }
 
-Result<LeaseView> LeasePool::Request(TenantId tenant, LeaseKind kind, TimePoint now) {
+Result<LeaseView> LeasePool::Request(TenantId tenant, LeaseKind kind, TimePoint now,
+                                     std::optional<DeviceId> device) {
   GMUX_ASSIGN_OR_RETURN(TenantState * t, Find(tenant));
+  if (device && *device >= devices_.size()) {
+    return NotFound("lease pool: no device " + std::to_string(*device) + " (pool has " +
+                    std::to_string(devices_.size()) + ")");
+  }
   GMUX_RETURN_IF_ERROR(Advance(now));
+  if (device && t->status != LeaseStatus::kNone &&
+      (t->status == LeaseStatus::kWaiting ? t->want != device : t->device != *device)) {
+    return FailedPrecondition("lease pool: tenant " + std::to_string(tenant) +
+                              " already holds or waits for another device");
+  }
   if (t->status == LeaseStatus::kNone) {
+    t->want = device;
     t->kind = kind;
     t->requested_at = now;
     t->wait_seq = seq_++;
@@ -337,10 +349,16 @@ void LeasePool::FinishTimer(DeviceId d, TimePoint now) {
 }
 
 void LeasePool::GrantFreeDevices(TimePoint now) {
-  while (!free_.empty() && !waiters_.empty()) {
-    DeviceId d = *free_.begin();
-    TenantId tenant = waiters_.begin()->second;
-    waiters_.erase(waiters_.begin());
+  // Longest waiter first; one that named a device takes only that one.
+  for (auto it = waiters_.begin(); it != waiters_.end() && !free_.empty();) {
+    const TenantId tenant = it->second;
+    const std::optional<DeviceId> want = tenants_.at(tenant).want;
+    if (want && free_.count(*want) == 0) {
+      ++it;
+      continue;
+    }
+    const DeviceId d = want ? *want : *free_.begin();
+    it = waiters_.erase(it);
     StartAttach(d, tenant, now);
   }
 }
@@ -376,6 +394,7 @@ void LeasePool::ReleaseHeld(TenantId tenant, TenantState& t, ReleaseReason reaso
   }
   t.status = LeaseStatus::kNone;
   t.kind = LeaseKind::kImplicit;
+  t.want.reset();
 }
 
 bool LeasePool::Reclaimable(const TenantState& t) const {

@@ -24,8 +24,10 @@
 // Invariants:
 //   - A tenant holds at most one lease (waiting, attaching or ready) at a time.
 //   - Every device is in exactly one state: free, attaching (owner), leased (owner) or detaching.
-//   - A device is free only while nobody waits (a free device and a waiter never coexist after a
-//     call returns).
+//   - A device is free only while nobody waits for it (a free device and a waiter without a
+//     preference never coexist after a call returns). An explicit request may name a device
+//     (`gmux lease acquire --device N`, not in the paper): it waits for that one, and later
+//     waiters may take other free devices meanwhile.
 //   - Pinned leases are never reclaimed by the checker; a lease in use (BeginUse without EndUse)
 //     is never reclaimed either.
 //   - Time passed to the pool never goes backwards (calls with an earlier time are rejected).
@@ -152,8 +154,12 @@ class LeasePool {
   // kInvalidArgument (time went backwards).
   Result<LeaseView> RequestImplicit(TenantId tenant, TimePoint now);
   // Message (1): explicit, pinned allocation. Upgrades a waiting or held implicit lease to pinned.
-  // Errors: kNotFound, kAlreadyExists (already pinned), kInvalidArgument (time).
-  Result<LeaseView> RequestExplicit(TenantId tenant, TimePoint now);
+  // `device`: that device only (it waits while the device is not free). Errors: kNotFound
+  // (unknown tenant, or no such device), kAlreadyExists (already pinned), kFailedPrecondition
+  // (`device` named while the tenant already holds or waits for another), kInvalidArgument
+  // (time).
+  Result<LeaseView> RequestExplicit(TenantId tenant, TimePoint now,
+                                    std::optional<DeviceId> device = std::nullopt);
   // Message (2): the user gives `device` back. A release during hot plug-in takes effect when the
   // plug-in completes. Errors: kNotFound (unknown tenant or device id out of range),
   // kPermissionDenied (the device is another tenant's lease), kFailedPrecondition (the tenant
@@ -214,6 +220,7 @@ class LeasePool {
     TimePoint requested_at{};
     TimePoint ready_at{};
     uint64_t wait_seq = 0;          // position key in waiters_ while kWaiting
+    std::optional<DeviceId> want;   // the device an explicit request named (kWaiting)
     TimePoint last_activity{};
     uint32_t uses = 0;              // open BeginUse count
     TimePoint use_since{};
@@ -232,7 +239,8 @@ class LeasePool {
 
   Status CheckTime(TimePoint now) const;
   Result<TenantState*> Find(TenantId tenant);
-  Result<LeaseView> Request(TenantId tenant, LeaseKind kind, TimePoint now);
+  Result<LeaseView> Request(TenantId tenant, LeaseKind kind, TimePoint now,
+                            std::optional<DeviceId> device = std::nullopt);
   // Releases whatever `t` holds or waits for, at `now`.
   void ReleaseHeld(TenantId tenant, TenantState& t, ReleaseReason reason, TimePoint now);
   void SetDeviceState(DeviceId d, DeviceState state, TenantId owner, TimePoint now);

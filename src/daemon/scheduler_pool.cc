@@ -514,10 +514,11 @@ void Scheduler::RunHook(const std::string& command, std::vector<std::string> env
   pool_.hooks.push_back(std::move(hook));
 }
 
-std::string Scheduler::LeaseAcquire(TenantId tenant, const std::string& name, double for_s) {
+std::string Scheduler::LeaseAcquire(TenantId tenant, const std::string& name, double for_s,
+                                    int device) {
   auto promise = std::make_shared<std::promise<std::string>>();
   std::future<std::string> f = promise->get_future();
-  mailbox_.Post([this, tenant, name, for_s, promise] {
+  mailbox_.Post([this, tenant, name, for_s, device, promise] {
     using nlohmann::json;
     if (!pool_.lease) {
       promise->set_value(json{{"error", "gmuxd has no pool devices ([[scheduler.device]] "
@@ -528,8 +529,18 @@ std::string Scheduler::LeaseAcquire(TenantId tenant, const std::string& name, do
     if (ts.name.empty()) ts.name = name;
     PoolTenant& pt = PoolTenantOf(tenant);
     const TimePoint now = Now();
+    std::optional<DeviceId> want;
+    if (device >= 0) {
+      uint32_t index = 0;
+      if (!PoolDeviceIndex(static_cast<uint32_t>(device), index)) {
+        promise->set_value(
+            json{{"error", "device " + std::to_string(device) + " is not in the pool"}}.dump());
+        return;
+      }
+      want = index;
+    }
     const core::LeaseView before = pool_.lease->Lease(tenant);
-    auto r = pool_.lease->RequestExplicit(tenant, now);
+    auto r = pool_.lease->RequestExplicit(tenant, now, want);
     if (!r.ok()) {
       promise->set_value(json{{"error", "tenant '" + name + "': " + r.status().message()}}.dump());
       return;

@@ -609,6 +609,7 @@ bool Server::OnFrame(Pending& p) {
       lease.tenant = l.getTenant();
       lease.id = l.getLease();
       lease.for_s = l.getForSeconds();
+      lease.device = l.getDevice();
     }
     if (is_hello) {
       version = req.getHello().getProtocolVersion();
@@ -745,7 +746,7 @@ void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
       if (!(op.for_s >= 0 && op.for_s <= 366.0 * 86400)) {
         answer = R"({"error":"--for must be between 0 and a year"})";
       } else {
-        answer = scheduler_->LeaseAcquire(tenant, name, op.for_s);
+        answer = scheduler_->LeaseAcquire(tenant, name, op.for_s, op.device);
       }
     }
   } else if (op.action == "release") {

@@ -100,6 +100,7 @@ class Server {
     std::string action, tenant;
     uint64_t id = 0;
     double for_s = 0;
+    int device = -1;
   };
   void ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op);
   void ReplyError(int fd, uint64_t seq, const std::string& message);

@@ -628,10 +628,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       for (uint64_t d : r.getDevices()) {
         auto dev = DeviceFor(d);
         if (!dev.ok()) return {CL_INVALID_DEVICE, dev.status().message()};
-        if (std::find(asked.begin(), asked.end(), d) != asked.end()) {
-          return {CL_INVALID_DEVICE, "device " + std::to_string(d) + " listed twice"};
-        }
-        asked.push_back(d);
+        // OpenCL: duplicate devices in the list are ignored.
+        if (std::find(asked.begin(), asked.end(), d) == asked.end()) asked.push_back(d);
       }
       // A context on the pool takes the tenant's lease first (BioCloud's implicit lease): it
       // may wait in the pool's queue, and fails when no device becomes free in time.
@@ -669,7 +667,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto r = req.getCreateQueue();
       if (queues_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "queue id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
-      if (std::find(ctx->devices.begin(), ctx->devices.end(), r.getDevice()) == ctx->devices.end()) {
+      if (std::find(ctx->devices.begin(), ctx->devices.end(), r.getDevice()) == ctx->devices.end() ||
+          PoolHidden(core_->pool_mask, static_cast<uint32_t>(r.getDevice()))) {
         return {CL_INVALID_DEVICE, "device is not in the context"};
       }
       cl_command_queue_properties props = r.getProperties();

@@ -241,7 +241,7 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
         // The lease ended: nothing new goes to the device; the session's data moves off it once
         // what runs there is done, answered like an eviction.
         if (pool_device_.load() == l.device) pool_device_.store(kNoDevice);
-        evict_pending_.push_back(ctl::Evict{l.device, 0, l.epoch});
+        evict_pending_.push_back(ctl::Evict{l.device, kLeaseLostMark, l.epoch});
       }
       // Express work not yet reported goes first: once the answer is in, the device is the next
       // holder's, and a report of this session's work there would be a protocol violation.
@@ -542,6 +542,15 @@ void WorkerQueue::EvictWhenIdle() {
   // running command holds the handles it was started with.
   for (size_t d = 0; d < executors_.size(); ++d) {
     if (!executors_[d]->Idle() || running_[d] != 0 || !express_jobs_[d].empty()) return;
+  }
+  // A device given back (the pool) is answered only once nothing reported there waits for a
+  // release either: the answer hands the device to its next holder, and the work the broker
+  // still holds of this session must run before that.
+  for (const ctl::Evict& e : evict_pending_) {
+    if (e.reserved == kLeaseLostMark && e.device < waiting_.size() &&
+        (waiting_[e.device] != 0 || !backlog_[e.device].empty())) {
+      return;
+    }
   }
   std::vector<ctl::Evict> asks = std::move(evict_pending_);
   evict_pending_.clear();

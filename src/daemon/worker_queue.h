@@ -154,6 +154,7 @@ class WorkerQueue : public CommandSink {
   // The pool. The device lent now (kNoDevice: none; the loop thread writes it, the session
   // thread reads it), commands waiting for a lease (loop thread), the loop thread's own ask.
   static constexpr uint32_t kNoDevice = UINT32_MAX;
+  static constexpr uint32_t kLeaseLostMark = 1;  // in evict_pending_'s `reserved`: a kLeaseLost
   uint64_t pool_mask_ = 0;
   const cl_icd_dispatch* cl_ = nullptr;
   std::vector<cl_device_id> devices_;

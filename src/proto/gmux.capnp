@@ -396,6 +396,7 @@ struct LeaseOp {
   tenant @1 :Text;                 # acquire: the tenant (admins only; empty: the caller's own)
   lease @2 :UInt64;                # release: the lease's number (L<n>)
   forSeconds @3 :Float64;          # acquire: how long it is held (0: until released)
+  device @4 :Int32 = -1;           # acquire: that pool device (gmuxd's index); -1: any
 }
 
 struct ReadData {

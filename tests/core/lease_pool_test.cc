@@ -278,6 +278,32 @@ TEST(LeasePoolTest, DisconnectReleasesPinnedLeaseAndCancelsWait) {
   EXPECT_TRUE(pool.Disconnect(2, AtSeconds(7)).ok());  // nothing held: a no-op
 }
 
+// An explicit request for a particular device (`gmux lease acquire --device N`): granted when
+// that device is free, else it waits for that one while later waiters take other devices.
+TEST(LeasePoolTest, ExplicitRequestForADeviceWaitsForThatOne) {
+  LeasePool pool = MakePool(Opts(2), {1, 2, 3});
+  auto a = pool.RequestExplicit(1, AtSeconds(0), 1);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(pool.Advance(AtSeconds(2)).ok());
+  EXPECT_EQ(pool.Lease(1).device, 1u);
+  EXPECT_EQ(pool.Lease(1).status, LeaseStatus::kReady);
+  // Device 1 is taken: tenant 2 waits for it; tenant 3 (later, no preference) takes device 0.
+  ASSERT_TRUE(pool.RequestExplicit(2, AtSeconds(3), 1).ok());
+  ASSERT_TRUE(pool.RequestImplicit(3, AtSeconds(4)).ok());
+  ASSERT_TRUE(pool.Advance(AtSeconds(6)).ok());
+  EXPECT_EQ(pool.Lease(2).status, LeaseStatus::kWaiting);
+  EXPECT_EQ(pool.Lease(3).device, 0u);
+  // Device 1 comes back: it goes to the tenant waiting for it.
+  ASSERT_TRUE(pool.ReleaseExplicit(1, 1, AtSeconds(7)).ok());
+  ASSERT_TRUE(pool.Advance(AtSeconds(11)).ok());
+  EXPECT_EQ(pool.Lease(2).status, LeaseStatus::kReady);
+  EXPECT_EQ(pool.Lease(2).device, 1u);
+  // Errors: no such device; another device than the one held or waited for.
+  EXPECT_EQ(pool.RequestExplicit(1, AtSeconds(12), 5).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(pool.RequestExplicit(3, AtSeconds(12), 1).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
 TEST(LeasePoolTest, BadRequestsAreErrors) {
   LeasePool pool = MakePool(Opts(2), {1, 2});
   EXPECT_EQ(pool.AddTenant(1, AtSeconds(0)).code(), StatusCode::kAlreadyExists);

@@ -293,6 +293,19 @@ TEST_F(PoolTest, ExplicitLeaseIsPinnedExpiresAndIsReleasedByTheCli) {
   out = RunGmux(-1, {"lease", "release", id, "--socket", daemon_.socket()}, &code);
   EXPECT_EQ(code, 0) << out;
   EXPECT_TRUE(WaitList([](const json& j) { return j.is_object() && j["leases"].empty(); }, 5s));
+  // --device: that one (not the lowest free).
+  out = RunGmux(-1, {"lease", "acquire", "--device", "2", "--json", "--socket", daemon_.socket()},
+                &code, false);
+  ASSERT_EQ(code, 0) << out;
+  got = json::parse(out, nullptr, false);
+  ASSERT_TRUE(got.is_object()) << out;
+  EXPECT_EQ(got["device"], 2) << out;
+  out = RunGmux(-1, {"lease", "release", got["lease"], "--socket", daemon_.socket()}, &code);
+  EXPECT_EQ(code, 0) << out;
+  out = RunGmux(-1, {"lease", "acquire", "--device", "0", "--socket", daemon_.socket()}, &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("device 0 is not in the pool"), std::string::npos) << out;
+  EXPECT_TRUE(WaitList([](const json& j) { return j.is_object() && j["leases"].empty(); }, 5s));
   // --for: given back by itself.
   out = RunGmux(-1, {"lease", "acquire", "--for", "500ms", "--json", "--socket",
                      daemon_.socket()},

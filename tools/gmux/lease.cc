@@ -83,6 +83,7 @@ int RunLeaseAcquire(const LeaseOptions& o) {
   LeaseArgs a;
   a.action = "acquire";
   a.tenant = o.tenant;
+  a.device = o.device;
   if (!o.for_text.empty()) {
     auto f = ParseDuration(o.for_text);
     if (!f) return Fail("acquire", "bad --for '" + o.for_text + "' (e.g. 90s, 30m, 2h)");

@@ -12,6 +12,7 @@ struct LeaseOptions {
   std::string for_text;  // acquire: how long it is held ("" or "0": until released)
   std::string wait_text; // acquire: how long to wait for a device ("": not at all)
   std::string id;        // release: "L<n>" or "<n>"
+  int device = -1;       // acquire: that pool device (gmuxd's index, as `gmux lease list` shows)
   bool json = false;
 };
 

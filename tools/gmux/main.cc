@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
   lease_common(lease_acquire);
   lease_acquire->add_option("--tenant", lease_opts.tenant,
                             "For another tenant of the config (root and admin_uids only)");
+  lease_acquire->add_option("--device", lease_opts.device,
+                            "That pool device (its index in `gmux lease list`); it waits for "
+                            "that one when it is taken")
+      ->check(CLI::Range(0, 1023));
   lease_acquire->add_option("--for", lease_opts.for_text,
                             "Give it back after this long, e.g. 30m, 2h (default: until released)")
       ->type_name("DURATION");

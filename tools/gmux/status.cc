@@ -79,6 +79,7 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
       l.setTenant(lease->tenant);
       l.setLease(lease->id);
       l.setForSeconds(lease->for_s);
+      l.setDevice(lease->device);
     } else {
       sreq.setStats();
     }

@@ -16,6 +16,7 @@ struct LeaseArgs {
   std::string action, tenant;
   uint64_t id = 0;
   double for_s = 0;
+  int device = -1;
 };
 
 // One request on a control connection to gmuxd at `socket` (empty: $GMUX_SOCKET or the default):
