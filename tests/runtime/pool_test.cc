@@ -164,6 +164,14 @@ TEST_F(PoolTest, ImplicitLeaseFollowsTheTenantsContextsAndResultsAreRight) {
   EXPECT_EQ(l["kind"], "implicit");
   EXPECT_EQ(l["state"], "ready");
   EXPECT_TRUE(l["device"] == 1 || l["device"] == 2) << l.dump();
+  // `gmux status` shows it too (its table, and under "pool" in its JSON).
+  const std::string table = StatusOutput(daemon_, -1, false);
+  EXPECT_NE(table.find("pool device " + std::to_string(l["device"].get<int>()) + ": leased"),
+            std::string::npos)
+      << table;
+  json st = json::parse(StatusJson(daemon_, -1), nullptr, false);
+  ASSERT_TRUE(st.is_object());
+  EXPECT_EQ(st["pool"]["leases"].size(), 1u) << st.dump();
   a.Go();
   ASSERT_EQ(a.Receive(30s), 2);
   a.Go();

@@ -152,6 +152,23 @@ int RunStatus(const std::string& socket, bool json) {
                   sl.value("swap_out_s", 0.0) + sl.value("swap_in_s", 0.0));
     }
   }
+  // The device pool (docs/operations.md, "Device pool"): each exclusive device's state and holder.
+  if (j.contains("pool") && j["pool"].is_object()) {
+    const auto& p = j["pool"];
+    for (const auto& d : p.value("devices", nlohmann::json::array())) {
+      std::string holder;
+      if (d.contains("tenant")) {
+        holder = ", " + d.value("lease", std::string()) + " of '" +
+                 d.value("tenant", std::string()) + "'";
+      }
+      std::printf("pool device %d: %s%s\n", d.value("device", 0),
+                  d.value("state", std::string("?")).c_str(), holder.c_str());
+    }
+    std::printf("pool: %zu waiting, %llu grants, %llu reclaimed (gmux lease list for more)\n",
+                p.value("waiting", nlohmann::json::array()).size(),
+                static_cast<unsigned long long>(p.value("grants", uint64_t{0})),
+                static_cast<unsigned long long>(p.value("reclaims", uint64_t{0})));
+  }
   std::printf("active tenants: %d\n", j.value("active_tenants", 0));
   // unsplit_s: device time of kernels that could not be cut into chunks (docs/operations.md).
   std::printf("%-16s %7s %12s %12s %12s %9s %10s %10s %9s %9s\n", "tenant", "weight",
