@@ -35,6 +35,7 @@ namespace gmux::daemon {
 namespace {
 
 constexpr std::chrono::seconds kDrainTimeout{30};
+constexpr size_t kMaxAsksPerWorker = 8;
 
 std::string LeaseName(uint64_t id) { return "L" + std::to_string(id); }
 
@@ -96,6 +97,11 @@ void Scheduler::OnLeaseAsk(Worker& w, const std::vector<ctl::LeaseAsk>& asks) {
   }
   const TimePoint now = Now();
   PoolTenant& pt = PoolTenantOf(w.tenant);
+  // A session asks once from its request thread and once for its commands: more open asks are
+  // a worker flooding the broker, which ends it.
+  size_t open = asks.size();
+  for (const PoolAsk& a : pt.asks) open += a.worker == &w ? 1 : 0;
+  if (open > kMaxAsksPerWorker) return Drop(w, GoneReason::kMalformed);
   for (const ctl::LeaseAsk& a : asks) {
     pt.asks.push_back({&w, a.seq, now + FromSeconds(pool_.options.wait_s)});
   }

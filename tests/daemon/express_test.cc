@@ -359,5 +359,84 @@ TEST_F(ExpressTest, AWorkerGivingBackMoreThanItHoldsOrAskingForNothingIsDropped)
   EXPECT_EQ(Status()["devices"][0]["memory_used"], 0);
 }
 
+// The pool's control messages (control.h kLeaseAsk..kLeaseLost) with fake workers: a grant, a
+// wait behind it, the hand-over once the holder's data is off, and workers that break the rules.
+class PoolControlTest : public ExpressTest {
+ protected:
+  void SetUp() override {
+    auto s = Scheduler::Create({"fifo", {}, {}}, {core::DeviceInfo{}, core::DeviceInfo{}}, 4);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    sched_ = std::move(*s);
+    PoolOptions o;
+    o.wait_s = 30;
+    ASSERT_TRUE(sched_->EnablePool({1}, o, {"cpu", "cpu"}).ok());
+    sched_->Start([this](uint64_t session, pid_t, Scheduler::GoneReason why) {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone_[session] = why;
+    });
+  }
+  static void Ask(FakeWorker& w, uint64_t seq) {
+    ctl::LeaseAsk a{seq};
+    ASSERT_TRUE(ctl::Send(w.fd, ctl::Type::kLeaseAsk, &a, sizeof(a), 1).ok());
+  }
+  static void Contexts(FakeWorker& w, uint64_t n) {
+    ctl::PoolContexts c{n};
+    ASSERT_TRUE(ctl::Send(w.fd, ctl::Type::kPoolContexts, &c, sizeof(c), 1).ok());
+  }
+  static std::optional<ctl::LeaseAnswer> Answer(FakeWorker& w, int ms = 2000) {
+    auto m = w.Expect(ctl::Type::kLeaseAnswer, ms);
+    if (!m) return std::nullopt;
+    auto a = m->As<ctl::LeaseAnswer>();
+    if (a.size() != 1) return std::nullopt;
+    return a[0];
+  }
+};
+
+TEST_F(PoolControlTest, LeaseIsGrantedHandedOverAfterTheDrainAndGuarded) {
+  auto a = AddWorker(1, 1);
+  auto b = AddWorker(2, 2);
+  Ask(*a, 7);
+  auto ga = Answer(*a);
+  ASSERT_TRUE(ga.has_value());
+  EXPECT_EQ(ga->seq, 7u);
+  EXPECT_EQ(ga->verdict, static_cast<uint32_t>(ctl::LeaseVerdict::kGranted));
+  EXPECT_EQ(ga->device, 1u);
+  Contexts(*a, 1);
+  // The other tenant waits: no answer while the device is held.
+  Ask(*b, 3);
+  EXPECT_FALSE(Answer(*b, 300).has_value());
+  // The holder's program ends: it is told, and the device goes on only after it answers.
+  Contexts(*a, 0);
+  auto lost = a->Expect(ctl::Type::kLeaseLost);
+  ASSERT_TRUE(lost.has_value());
+  auto l = lost->As<ctl::LeaseLost>();
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].device, 1u);
+  EXPECT_FALSE(Answer(*b, 300).has_value()) << "granted before the holder's data was off";
+  ctl::Swapped sw;
+  sw.epoch = l[0].epoch;
+  sw.device = 1;
+  sw.out = 1;
+  ASSERT_TRUE(ctl::Send(a->fd, ctl::Type::kSwapped, &sw, sizeof(sw), 1).ok());
+  auto gb = Answer(*b);
+  ASSERT_TRUE(gb.has_value());
+  EXPECT_EQ(gb->verdict, static_cast<uint32_t>(ctl::LeaseVerdict::kGranted));
+  // Work on the pool device from a tenant that no longer holds it ends that worker.
+  a->Ready(1);  // device 0: fine
+  ctl::Ready r;
+  r.cmd = 2;
+  r.work_items = 1;
+  r.work_groups = 1;
+  r.device = 1;
+  ASSERT_TRUE(ctl::Send(a->fd, ctl::Type::kReady, &r, sizeof(r), 1).ok());
+  EXPECT_EQ(Gone(1), Scheduler::GoneReason::kMalformed);
+  EXPECT_FALSE(Gone(2, 100).has_value());
+  // A worker flooding the broker with asks is ended too.
+  auto c = AddWorker(3, 3);
+  for (uint64_t seq = 1; seq <= 9; ++seq) Ask(*c, seq);
+  EXPECT_EQ(Gone(3), Scheduler::GoneReason::kMalformed);
+  EXPECT_EQ(nlohmann::json::parse(sched_->LeaseList(std::nullopt))["leases"].size(), 1u);
+}
+
 }  // namespace
 }  // namespace gmux::daemon
