@@ -112,7 +112,8 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
   DaemonOptions o;
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(
-      doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant", "limits", "pool"}));
+      doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant", "limits",
+                          "pool"}));
   // A table's limit keys over `base` (the [limits] defaults for a [[tenant]]).
   auto read_limits = [&doc](const toml::table& t, const TenantLimits& base,
                             TenantLimits& out) -> Status {

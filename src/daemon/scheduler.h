@@ -108,9 +108,10 @@ class Scheduler {
                           const std::vector<std::string>& names);
   // `gmux lease` (control connections; JSON answers, {"error": ...} on refusal). Thread-safe.
   // Acquire: an explicit, pinned lease for `tenant` (named `name`), for `for_s` seconds (0: until
-  // released), on backend device `device` (-1: any of the pool); the answer names the lease. Release: the lease
-  // `id` (a waiting request is cancelled); only its tenant's callers or an admin. List: the
-  // pool's devices, leases and waiters (only `only`'s when given) and its figures.
+  // released), on backend device `device` (-1: any of the pool); the answer names the lease.
+  // Release: the lease `id` (a waiting request is cancelled); only its tenant's callers or an
+  // admin. List: the pool's devices, leases and waiters (only `only`'s when given) and its
+  // figures.
   std::string LeaseAcquire(TenantId tenant, const std::string& name, double for_s,
                            int device = -1);
   std::string LeaseRelease(TenantId caller, bool admin, uint64_t id);

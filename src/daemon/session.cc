@@ -633,11 +633,14 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       // A context on the pool takes the tenant's lease first (BioCloud's implicit lease): it
       // may wait in the pool's queue, and fails when no device becomes free in time.
-      const bool pool = std::any_of(asked.begin(), asked.end(), [&](uint64_t d) { return OnPool(d); });
+      const bool pool =
+          std::any_of(asked.begin(), asked.end(), [&](uint64_t d) { return OnPool(d); });
       if (pool) {
-        const CommandSink::LeaseAnswer a =
-            sink_.AcquireLease(static_cast<uint32_t>(__builtin_ctzll(core_->pool_mask)), core_->fd);
-        if (!a.granted) return {CL_DEVICE_NOT_AVAILABLE, "no pool device for this tenant: " + a.why};
+        const uint32_t lowest = static_cast<uint32_t>(__builtin_ctzll(core_->pool_mask));
+        const CommandSink::LeaseAnswer a = sink_.AcquireLease(lowest, core_->fd);
+        if (!a.granted) {
+          return {CL_DEVICE_NOT_AVAILABLE, "no pool device for this tenant: " + a.why};
+        }
       }
       // The backend context spans every pool device, so the session's buffers, programs and
       // kernels work on whichever device a later lease lends.
@@ -667,8 +670,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto r = req.getCreateQueue();
       if (queues_.count(r.getId()) != 0) return {CL_INVALID_VALUE, "queue id in use"};
       GMUX_LOOKUP(ctx, contexts_, r.getContext(), CL_INVALID_CONTEXT, "context");
-      if (std::find(ctx->devices.begin(), ctx->devices.end(), r.getDevice()) == ctx->devices.end() ||
-          PoolHidden(core_->pool_mask, static_cast<uint32_t>(r.getDevice()))) {
+      const bool in_context = std::find(ctx->devices.begin(), ctx->devices.end(),
+                                        r.getDevice()) != ctx->devices.end();
+      if (!in_context || PoolHidden(core_->pool_mask, static_cast<uint32_t>(r.getDevice()))) {
         return {CL_INVALID_DEVICE, "device is not in the context"};
       }
       cl_command_queue_properties props = r.getProperties();

@@ -562,10 +562,6 @@ void WorkerQueue::EvictWhenIdle() {
   }
 }
 
-}  // namespace gmux::daemon
-
-namespace gmux::daemon {
-
 void WorkerQueue::SetPool(uint64_t mask, const cl_icd_dispatch* cl,
                           std::vector<cl_device_id> devices) {
   pool_mask_ = mask;

@@ -234,7 +234,9 @@ TEST_F(PoolTest, ContextWaitsForAFreeDeviceThenFailsWithDeviceNotAvailable) {
   // The holder's program ends: the next tenant gets the device at once.
   a.Go();
   EXPECT_TRUE(a.Wait(10s).ok());
-  Child c = Child::Spawn(daemon_, {2, 60, {}}, [](Channel& ch) { return PoolTenant(ch, 1, false); });
+  Child c = Child::Spawn(daemon_, {2, 60, {}}, [](Channel& ch) {
+    return PoolTenant(ch, 1, false);
+  });
   EXPECT_EQ(c.Receive(30s), 0);
   EXPECT_TRUE(c.Wait(30s).ok()) << daemon_.Log();
 }
@@ -291,7 +293,9 @@ TEST_F(PoolTest, ExplicitLeaseIsPinnedExpiresAndIsReleasedByTheCli) {
   std::this_thread::sleep_for(1s);
   EXPECT_EQ(LeaseOf("batch").value("lease", ""), id);
   // The tenant's own program uses it (its context finds the lease its own).
-  Child a = Child::Spawn(daemon_, {1, 60, {}}, [](Channel& ch) { return PoolTenant(ch, 1, false); });
+  Child a = Child::Spawn(daemon_, {1, 60, {}}, [](Channel& ch) {
+    return PoolTenant(ch, 1, false);
+  });
   EXPECT_EQ(a.Receive(30s), 0);
   EXPECT_TRUE(a.Wait(30s).ok()) << daemon_.Log();
   EXPECT_EQ(LeaseOf("batch").value("lease", ""), id) << "a program's end keeps a pinned lease";
@@ -348,7 +352,9 @@ TEST_F(PoolTest, HooksRunWithTheLeaseAndAFailingOrSlowHookFailsTheLease) {
     daemon_.Start(PoolConfig("wait_s = 5\nattach_hook = \"echo attach $GMUX_DEVICE $GMUX_TENANT "
                              "$GMUX_LEASE >> " + log + "\"\ndetach_hook = \"echo detach "
                              "$GMUX_DEVICE $GMUX_TENANT $GMUX_REASON >> " + log + "\"\n"));
-    Child a = Child::Spawn(daemon_, {1, 60, {}}, [](Channel& ch) { return PoolTenant(ch, 1, false); });
+    Child a = Child::Spawn(daemon_, {1, 60, {}}, [](Channel& ch) {
+      return PoolTenant(ch, 1, false);
+    });
     EXPECT_EQ(a.Receive(30s), 0) << daemon_.Log();
     EXPECT_TRUE(a.Wait(30s).ok()) << daemon_.Log();
     EXPECT_TRUE(WaitList([](const json& j) {
@@ -404,7 +410,9 @@ TEST_F(PoolTest, TenantKilledWhileHoldingOrWaitingFreesThePool) {
   EXPECT_TRUE(WaitList([](const json& j) {
     return j.is_object() && j["leases"].empty() && j["devices"][0]["state"] == "free";
   })) << LeaseList().dump();
-  Child c = Child::Spawn(daemon_, {3, 60, {}}, [](Channel& ch) { return PoolTenant(ch, 1, false); });
+  Child c = Child::Spawn(daemon_, {3, 60, {}}, [](Channel& ch) {
+    return PoolTenant(ch, 1, false);
+  });
   EXPECT_EQ(c.Receive(30s), 0);
   EXPECT_TRUE(c.Wait(30s).ok()) << daemon_.Log();
   EXPECT_TRUE(daemon_.Alive());

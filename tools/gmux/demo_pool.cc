@@ -445,7 +445,8 @@ int RunDemoPool(const DemoPoolOptions& o) {
   }
   std::printf("gmux demo pool: %d tenants x %d runs of %.2f s device work (measured alone) on a\n"
               "pool of PoCL devices (one thread each; this host has %u cores), every result\n"
-              "checked. static: one device per tenant for its whole run; pool: a lease per run.\n\n",
+              "checked. static: one device per tenant for its whole run; pool: a lease per\n"
+              "run; reclaim: one program per tenant, the checker takes the device back.\n\n",
               o.tenants, o.runs, job_alone, cores);
   auto norm = [](const json& row, const std::string& key) {
     return row.contains(key) ? row[key].value("normalized_time", 0.0) : 0.0;

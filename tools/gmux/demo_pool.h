@@ -17,7 +17,7 @@ namespace gmux::cli {
 struct DemoPoolOptions {
   bool json = false;
   std::string devices = "1,2,4";  // pool sizes
-  std::string sleeps = "0.5,2";   // sleep between runs, in multiples of the job (paper: 9/18, 36/18)
+  std::string sleeps = "0.5,2";   // sleeps between runs, in jobs (paper: 9/18 and 36/18)
   std::string modes = "static,pool,reclaim";
   int tenants = 4;
   int runs = 3;

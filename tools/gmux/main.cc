@@ -213,8 +213,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::Range(1.0, 86400.0));
   pool->footer(
       "Each configuration gets its own gmuxd whose PoCL devices (POCL_DEVICES, one thread each)\n"
-      "are all exclusive. static: each tenant's program keeps its context (its lease) from its\n"
-      "first run to its last; pool: each run is a program of its own (context, build, job, release).\n"
+      "are exclusive but device 0. static: each tenant's program keeps its context (its lease)\n"
+      "from its first run to its last; pool: each run is a program of its own (context, build,\n"
+      "job, release); reclaim: one program, the pool's checker reclaims in the sleeps.\n"
       "Completion times are normalised to BioCloud's theoretical time; the simulator's figures\n"
       "for the same workload are beside them. Exit 1 when a run failed or a result was wrong.");
 
