@@ -387,7 +387,7 @@ GmuxDevice::~GmuxDevice() {
   if (context != nullptr) clReleaseContext(context);
 }
 
-bool OpenGmux(GmuxDevice& out) {
+bool OpenGmux(GmuxDevice& out, cl_uint index, cl_int* create_err) {
   cl_uint n = 0;
   if (clGetPlatformIDs(0, nullptr, &n) != CL_SUCCESS || n == 0) return false;
   std::vector<cl_platform_id> ps(n);
@@ -398,11 +398,19 @@ bool OpenGmux(GmuxDevice& out) {
     if (std::string(name).find("gmux") != std::string::npos) out.platform = p;
   }
   if (out.platform == nullptr) return false;
-  if (clGetDeviceIDs(out.platform, CL_DEVICE_TYPE_ALL, 1, &out.device, nullptr) != CL_SUCCESS) {
+  cl_uint nd = 0;
+  if (clGetDeviceIDs(out.platform, CL_DEVICE_TYPE_ALL, 0, nullptr, &nd) != CL_SUCCESS ||
+      index >= nd) {
     return false;
   }
+  std::vector<cl_device_id> devs(nd);
+  if (clGetDeviceIDs(out.platform, CL_DEVICE_TYPE_ALL, nd, devs.data(), nullptr) != CL_SUCCESS) {
+    return false;
+  }
+  out.device = devs[index];
   cl_int err = CL_SUCCESS;
   out.context = clCreateContext(nullptr, 1, &out.device, nullptr, nullptr, &err);
+  if (create_err != nullptr) *create_err = err;
   if (out.context == nullptr) return false;
   out.queue = clCreateCommandQueue(out.context, out.device, 0, &err);
   return out.queue != nullptr;

@@ -141,8 +141,9 @@ struct GmuxDevice {
   cl_command_queue queue = nullptr;
   ~GmuxDevice();
 };
-// Opens the first device of the "gmux" platform; false when there is none.
-bool OpenGmux(GmuxDevice& out);
+// Opens device `index` of the "gmux" platform (a context and a queue on it); false when there
+// is none or a step failed, with clCreateContext's error in `create_err` when given.
+bool OpenGmux(GmuxDevice& out, cl_uint index = 0, cl_int* create_err = nullptr);
 // Builds `source`; nullptr on failure, with the build log in `log` and the error in `err`.
 cl_program Build(const GmuxDevice& d, const std::string& source, std::string* log = nullptr,
                  cl_int* err = nullptr);

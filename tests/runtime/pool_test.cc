@@ -79,30 +79,7 @@ class PoolTest : public ::testing::Test {
 
 // The pool's device of the gmux platform (the second device: device 0 is shared, and the
 // pool's devices are one).
-bool OpenPool(GmuxDevice& d, cl_int* create_err = nullptr) {
-  cl_uint n = 0;
-  if (clGetPlatformIDs(0, nullptr, &n) != CL_SUCCESS || n == 0) return false;
-  std::vector<cl_platform_id> ps(n);
-  clGetPlatformIDs(n, ps.data(), nullptr);
-  for (cl_platform_id p : ps) {
-    char name[256] = {};
-    clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof(name), name, nullptr);
-    if (std::string(name).find("gmux") != std::string::npos) d.platform = p;
-  }
-  cl_device_id devs[8];
-  cl_uint nd = 0;
-  if (d.platform == nullptr ||
-      clGetDeviceIDs(d.platform, CL_DEVICE_TYPE_ALL, 8, devs, &nd) != CL_SUCCESS || nd < 2) {
-    return false;
-  }
-  d.device = devs[1];
-  cl_int err = CL_SUCCESS;
-  d.context = clCreateContext(nullptr, 1, &d.device, nullptr, nullptr, &err);
-  if (create_err != nullptr) *create_err = err;
-  if (d.context == nullptr) return false;
-  d.queue = clCreateCommandQueue(d.context, d.device, 0, &err);
-  return d.queue != nullptr;
-}
+bool OpenPool(GmuxDevice& d, cl_int* create_err = nullptr) { return OpenGmux(d, 1, create_err); }
 
 // A tenant on the pool: a buffer of `words` bumped `rounds` times, each round checked against
 // the CPU; between rounds it sends its round number up and waits for "go" when `pause`.
