@@ -68,7 +68,7 @@ void SlaPolicy::Update(std::span<SlaTenantState> tenants) const {
       for (SlaTenantState& t : tenants) t.reference_fps = kUncappedFps;
       return;
     case SlaKind::kSa:  // Algorithm 1, line 1
-      for (SlaTenantState& t : tenants) t.reference_fps = options_.criterion_fps;
+      for (SlaTenantState& t : tenants) t.reference_fps = CriterionOf(t);
       return;
     case SlaKind::kEsa: {  // Algorithm 3
       double f = EsaCommonFps(tenants, options_.target_usage);
@@ -99,14 +99,19 @@ double EqualSplitLevel(const std::vector<double>& sorted_caps, double total) {
 
 }  // namespace
 
+double SlaPolicy::CriterionOf(const SlaTenantState& t) const {
+  return t.target_fps > 0 && std::isfinite(t.target_fps) ? t.target_fps : options_.criterion_fps;
+}
+
+// Per-tenant criteria (a decision, docs/policies.md): c below is each tenant's own.
 void SlaPolicy::UpdateFsa(std::span<SlaTenantState> tenants) const {
-  const double c = options_.criterion_fps;
-  const double aim = c * (1 + options_.fsa_headroom);
   // Algorithm 2, lines 1-3: the GPU usage that the tenants below the criterion lack
   // (CalcGPUResource: g = k f), accumulated over all of them.
   double deficit = 0;
   double used = 0;
   for (SlaTenantState& t : tenants) {
+    const double c = CriterionOf(t);
+    const double aim = c * (1 + options_.fsa_headroom);
     used += t.gpu_usage;
     if (t.fps < c) {
       if (t.coef > 0) deficit += t.coef * (aim - t.fps);
@@ -120,6 +125,7 @@ void SlaPolicy::UpdateFsa(std::span<SlaTenantState> tenants) const {
     // more than what keeps it at the criterion.
     std::vector<double> caps;
     for (const SlaTenantState& t : tenants) {
+      const double c = CriterionOf(t);
       if (t.fps > c && t.coef > 0) caps.push_back(t.coef * (t.fps - c));
     }
     if (caps.empty()) return;
@@ -127,6 +133,7 @@ void SlaPolicy::UpdateFsa(std::span<SlaTenantState> tenants) const {
     double q = EqualSplitLevel(caps, deficit);
     // Lines 7-10: calcFPS, the reverse of CalcGPUResource.
     for (SlaTenantState& t : tenants) {
+      const double c = CriterionOf(t);
       if (!(t.fps > c && t.coef > 0)) continue;
       double give = std::min(q, t.coef * (t.fps - c));
       t.reference_fps = std::max(c, t.fps - give / t.coef);
@@ -146,7 +153,7 @@ void SlaPolicy::UpdateFsa(std::span<SlaTenantState> tenants) const {
   double part = 0.5 * spare / static_cast<double>(capped);
   for (SlaTenantState& t : tenants) {
     if (!(std::isfinite(t.reference_fps) && t.coef > 0)) continue;
-    t.reference_fps = std::max(t.reference_fps, std::max(t.fps, c) + part / t.coef);
+    t.reference_fps = std::max(t.reference_fps, std::max(t.fps, CriterionOf(t)) + part / t.coef);
   }
 }
 

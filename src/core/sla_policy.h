@@ -2,7 +2,8 @@
 // reference frame rate of every tenant's FrameController once per control period.
 //
 //   none  no control: every reference is kUncappedFps (the agents never sleep).
-//   SA    Algorithm 1: every reference is the SLA criterion c (30 FPS in the paper).
+//   SA    Algorithm 1: every reference is the SLA criterion c (30 FPS in the paper), or the
+//         tenant's own target where it has one (SlaTenantState::target_fps).
 //   FSA   Algorithm 2: starts without control. Each period, every tenant below c is aimed at
 //         a = c (1 + fsa_headroom) (its reference becomes a, unless it already had a higher one),
 //         and the GPU usage they lack,
@@ -63,6 +64,9 @@ struct SlaPolicyOptions {
 
 // One tenant as the central controller sees it.
 struct SlaTenantState {
+  // The tenant's own SLA criterion (gmuxd's per-tenant fps_target); 0: the policy's
+  // criterion_fps. SA and FSA use it in place of c; ESA's common rate ignores it.
+  double target_fps = 0;
   // Measured by the caller over the last control period:
   double fps = 0;          // frames presented per second
   double gpu_usage = 0;    // fraction of the device's time used, in [0, 1]
@@ -90,6 +94,8 @@ class SlaPolicy {
   explicit SlaPolicy(const SlaPolicyOptions& options) : options_(options) {}
 
   void UpdateFsa(std::span<SlaTenantState> tenants) const;
+  // The tenant's criterion: its target_fps when set, else options_.criterion_fps.
+  double CriterionOf(const SlaTenantState& t) const;
 
   SlaPolicyOptions options_;
 };

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/toml_doc.h"
+#include "core/frame_controller.h"
 #include "core/slot_allocator.h"
 
 namespace gmux::daemon {
@@ -113,7 +114,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
   const toml::table& root = doc.root();
   GMUX_RETURN_IF_ERROR(
       doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant", "limits",
-                          "pool"}));
+                          "pool", "frames"}));
   // A table's limit keys over `base` (the [limits] defaults for a [[tenant]]).
   auto read_limits = [&doc](const toml::table& t, const TenantLimits& base,
                             TenantLimits& out) -> Status {
@@ -310,6 +311,61 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     }
   }
 
+  GMUX_ASSIGN_OR_RETURN(const toml::table* ft, doc.Table(root, "frames", false));
+  if (ft != nullptr) {
+    FramesOptions& f = o.frames;
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(
+        *ft, {"policy", "criterion_fps", "control_period_s", "target_usage", "fsa_headroom",
+              "coef_smoothing", "kp", "ki", "gpu_history_frames", "min_fps", "max_fps",
+              "max_agents", "usage", "device"}));
+    GMUX_ASSIGN_OR_RETURN(f.usage, doc.Choice(*ft, "usage", "auto",
+                                              {"auto", "present", "process_cpu"}));
+    GMUX_ASSIGN_OR_RETURN(f.policy, doc.Choice(*ft, "policy", "sa", {"none", "sa", "fsa", "esa"}));
+    GMUX_ASSIGN_OR_RETURN(f.criterion_fps, doc.Number(*ft, "criterion_fps", 30.0, 0.01));
+    GMUX_ASSIGN_OR_RETURN(f.control_period_s, doc.Number(*ft, "control_period_s", 1.0, 0.01));
+    if (f.control_period_s > 3600) {
+      return doc.Error(ft->get("control_period_s"), "control_period_s", "must be at most 3600");
+    }
+    GMUX_ASSIGN_OR_RETURN(f.target_usage, doc.Number(*ft, "target_usage", 1.0, 0.01));
+    if (f.target_usage > 1) {
+      return doc.Error(ft->get("target_usage"), "target_usage", "must be in (0, 1]");
+    }
+    GMUX_ASSIGN_OR_RETURN(f.fsa_headroom, doc.Number(*ft, "fsa_headroom", 0.05, 0));
+    GMUX_ASSIGN_OR_RETURN(f.coef_smoothing, doc.Number(*ft, "coef_smoothing", 0.5, 0.001));
+    if (f.coef_smoothing > 1) {
+      return doc.Error(ft->get("coef_smoothing"), "coef_smoothing", "must be in (0, 1]");
+    }
+    GMUX_ASSIGN_OR_RETURN(f.kp, doc.Number(*ft, "kp", 0.1));
+    GMUX_ASSIGN_OR_RETURN(f.ki, doc.Number(*ft, "ki", 0.5));
+    GMUX_ASSIGN_OR_RETURN(int64_t hist, doc.Integer(*ft, "gpu_history_frames", 4, 1, 1000));
+    f.gpu_history_frames = static_cast<int>(hist);
+    GMUX_ASSIGN_OR_RETURN(f.min_fps, doc.Number(*ft, "min_fps", 1.0, 0.01));
+    GMUX_ASSIGN_OR_RETURN(f.max_fps, doc.Number(*ft, "max_fps", 1000.0, 0.01));
+    GMUX_ASSIGN_OR_RETURN(int64_t agents, doc.Integer(*ft, "max_agents", 256, 1, 65536));
+    f.max_agents = static_cast<uint32_t>(agents);
+    core::FrameControllerOptions fc;
+    fc.kp = f.kp;
+    fc.ki = f.ki;
+    fc.gpu_history_frames = f.gpu_history_frames;
+    fc.min_fps = f.min_fps;
+    fc.max_fps = f.max_fps;
+    if (Status st = fc.Validate(); !st.ok()) {
+      const char* key = f.min_fps >= f.max_fps ? "max_fps" : "ki";
+      return doc.Error(ft->get(key) != nullptr ? ft->get(key) : ft->get("kp"), key, st.message());
+    }
+    GMUX_ASSIGN_OR_RETURN(auto dev_tables, doc.Tables(*ft, "device", false));
+    for (const toml::table* dt : dev_tables) {
+      GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*dt, {"renderer", "policy"}));
+      GMUX_ASSIGN_OR_RETURN(std::string renderer, doc.String(*dt, "renderer", std::nullopt));
+      if (renderer.empty()) {
+        return doc.Error(dt->get("renderer"), "renderer", "must not be empty");
+      }
+      GMUX_ASSIGN_OR_RETURN(std::string pol,
+                            doc.Choice(*dt, "policy", std::nullopt, {"none", "sa", "fsa", "esa"}));
+      f.device_policies.emplace_back(renderer, pol);
+    }
+  }
+
   GMUX_ASSIGN_OR_RETURN(const toml::table* t, doc.Table(root, "tenants", false));
   if (t != nullptr) {
     GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*t, {"unknown_peers", "unknown_tokens", "default_tenant"}));
@@ -326,13 +382,18 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(auto tenant_tables, doc.Tables(root, "tenant", false));
   for (const toml::table* tt : tenant_tables) {
-    std::vector<std::string_view> tenant_keys = {"name", "weight", "uids", "tokens"};
+    std::vector<std::string_view> tenant_keys = {"name", "weight", "uids", "tokens",
+                                                 "fps_target"};
     tenant_keys.insert(tenant_keys.end(), std::begin(kTenantLimitKeys), std::end(kTenantLimitKeys));
     GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, tenant_keys));
     TenantConfig tc;
     GMUX_RETURN_IF_ERROR(read_limits(*tt, o.limits, tc.limits));
     GMUX_ASSIGN_OR_RETURN(tc.name, doc.String(*tt, "name", std::nullopt));
     GMUX_ASSIGN_OR_RETURN(tc.weight, doc.Number(*tt, "weight", 1.0, 1e-9));
+    GMUX_ASSIGN_OR_RETURN(tc.fps_target, doc.Number(*tt, "fps_target", 0.0, 0));
+    if (tc.fps_target > 1000) {
+      return doc.Error(tt->get("fps_target"), "fps_target", "must be at most 1000");
+    }
     GMUX_ASSIGN_OR_RETURN(std::vector<double> uids, doc.Numbers(*tt, "uids", std::vector<double>{}));
     for (double u : uids) {
       if (u < 0 || u > 4294967295.0 || u != static_cast<double>(static_cast<uint32_t>(u))) {

@@ -59,6 +59,7 @@ struct TenantConfig {
   TenantLimits limits;
   std::vector<uint32_t> uids;  // local peers mapped to this tenant
   std::vector<std::string> tokens;  // TCP clients presenting one of these are this tenant
+  double fps_target = 0;  // frame agents' SLA target (vGASA); 0: [frames] criterion_fps
 };
 
 // A TCP listen address "HOST:PORT" ("[V6]:PORT" for IPv6); port 0 picks a free port.
@@ -87,6 +88,29 @@ struct PoolOptions {
   std::string attach_hook;
   std::string detach_hook;
   double hook_timeout_s = 30;
+};
+
+// Frame-rate SLAs (vGASA, docs/operations.md "Frame-rate SLAs"): the controller gmuxd runs for
+// frame agents (libgmux-frame.so). Agents are grouped by their GL renderer, one SLA policy each.
+struct FramesOptions {
+  std::string policy = "sa";          // none, sa, fsa, esa: every renderer's default
+  double criterion_fps = 30;          // the SLA criterion; a tenant's fps_target overrides it
+  double control_period_s = 1.0;      // the central controller's period
+  double target_usage = 1.0;          // ESA's planned usage; FSA hands idle time back up to it
+  double fsa_headroom = 0.05;
+  double coef_smoothing = 0.5;
+  double kp = 0.1;                    // Eq. (3) gains of every agent's PI controller
+  double ki = 0.5;
+  int gpu_history_frames = 4;
+  double min_fps = 1;                 // bounds of the PI's command F
+  double max_fps = 1000;
+  uint32_t max_agents = 256;          // frame agents connected at once
+  // A program's device usage (the g_i of the SLA policies): "present" (its Present execution
+  // times, a GPU's proxy), "process_cpu" (its CPU time over the machine's CPUs: a software
+  // renderer draws on the CPU), or "auto" (process_cpu for llvmpipe/softpipe/swrast).
+  std::string usage = "auto";
+  // [[frames.device]]: renderers whose policy differs, as (substring of GL_RENDERER, policy).
+  std::vector<std::pair<std::string, std::string>> device_policies;
 };
 
 struct DaemonOptions {
@@ -131,6 +155,7 @@ struct DaemonOptions {
   // Devices lent whole from the pool ([[scheduler.device]] mode = "exclusive"), by index.
   std::vector<uint32_t> exclusive_devices;
   PoolOptions pool;
+  FramesOptions frames;
   UnknownPeers unknown_peers = UnknownPeers::kOwnTenant;
   UnknownTokens unknown_tokens = UnknownTokens::kReject;
   std::string default_tenant = "default";

@@ -90,6 +90,8 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   s->options_ = options;
   s->socket_path_ = options.socket_path.empty() ? DefaultSocketPath() : options.socket_path;
   GMUX_ASSIGN_OR_RETURN(s->backend_, Backend::Open(options.backend));
+  GMUX_ASSIGN_OR_RETURN(s->frames_,
+                        FrameHub::Create(options.frames, options.max_connections_per_identity));
   std::vector<core::DeviceInfo> devices;
   for (cl_device_id d : s->backend_->devices()) devices.push_back(DescribeDevice(*s->backend_, d));
   core::PolicySpec spec{options.policy, options.policy_params, {}};
@@ -215,6 +217,7 @@ Status Server::Start() {
     char c = 1;
     (void)!::write(wake_pipe_[1], &c, 1);
   });
+  GMUX_RETURN_IF_ERROR(frames_->Start());
   thread_ = std::thread([this] { Loop(); });
   return Status::Ok();
 }
@@ -263,6 +266,7 @@ void Server::Stop() {
     thread_.join();
   }
   if (scheduler_) scheduler_->Stop();
+  if (frames_) frames_->Stop();
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     ::unlink(socket_path_.c_str());
@@ -593,10 +597,12 @@ bool Server::OnFrame(Pending& p) {
     return false;
   }
   bool is_hello = false, is_stats = false, control = false, is_lease = false;
+  bool is_frames = false, agent = false;
   uint32_t version = 0;
   uint64_t seq = 0;
-  std::string token;
+  std::string token, program, renderer;
   LeaseRequest lease;
+  FramesRequest frames_op;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto req = msg->root<wire::Request>();
     seq = req.getSeq();
@@ -611,10 +617,22 @@ bool Server::OnFrame(Pending& p) {
       lease.for_s = l.getForSeconds();
       lease.device = l.getDevice();
     }
+    is_frames = req.isFrames();
+    if (is_frames) {
+      auto f = req.getFrames();
+      frames_op.action = f.getAction();
+      frames_op.policy = f.getPolicy();
+      frames_op.renderer = f.getRenderer();
+      frames_op.tenant = f.getTenant();
+      frames_op.fps = f.getFps();
+    }
     if (is_hello) {
       version = req.getHello().getProtocolVersion();
       token = req.getHello().getToken();
       control = req.getHello().getControl();
+      agent = req.getHello().getFrameAgent();
+      program = req.getHello().getProgram();
+      renderer = req.getHello().getRenderer();
     }
   })) {
     ReplyError(p.fd, 0, "gmuxd: malformed hello");
@@ -626,8 +644,13 @@ bool Server::OnFrame(Pending& p) {
       ServeLease(p, seq, lease);
       return false;
     }
+    if (is_frames) {
+      ServeFrames(p, seq, frames_op);
+      return false;
+    }
     if (!is_stats) {
-      ReplyError(p.fd, seq, "gmuxd: a control connection may only ask for Stats or a lease");
+      ReplyError(p.fd, seq,
+                 "gmuxd: a control connection may only ask for Stats, a lease or frames");
       return false;
     }
     ServeControl(p, seq);
@@ -675,6 +698,7 @@ bool Server::OnFrame(Pending& p) {
     if (!SendHelloReply(p.fd, p.tenant.name, 0).ok()) return false;
     return true;
   }
+  if (agent) return AdoptFrameAgent(p, seq, program, renderer);
   size_t sessions = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -709,6 +733,7 @@ void Server::ServeControl(Pending& p, uint64_t seq) {
   }
   s.setPendingCommands(scheduler_->Outstanding());
   s.setScheduler(p.admin ? scheduler_->Status() : scheduler_->Status(p.tenant_id));
+  s.setFrames(p.admin ? frames_->StatusJson(std::nullopt) : frames_->StatusJson(p.tenant_id));
   // A reply to a small request from a peer that is waiting for it: a blocking write is bounded.
   int flags = ::fcntl(p.fd, F_GETFL);
   ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
@@ -760,6 +785,69 @@ void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
   rep.setSeq(seq);
   rep.setStatus(CL_SUCCESS);
   rep.setLease(answer);
+  int flags = ::fcntl(p.fd, F_GETFL);
+  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
+  timeval tv{2, 0};
+  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
+}
+
+bool Server::AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& program,
+                             const std::string& renderer) {
+  if (p.tcp) {
+    ReplyError(p.fd, seq, "gmuxd: frame agents connect over the Unix socket only (their times "
+                          "are this host's clock)");
+    return false;
+  }
+  if (program.size() > 256 || renderer.size() > 256) {
+    ReplyError(p.fd, seq, "gmuxd: frame agent hello: program and renderer names are limited to "
+                          "256 bytes");
+    return false;
+  }
+  if (Status can = frames_->CanAdopt(p.uid); !can.ok()) {
+    ReplyError(p.fd, seq, "gmuxd: " + can.message());
+    return false;
+  }
+  FrameHub::AgentInfo info;
+  info.tenant = p.tenant_id;
+  info.tenant_name = p.tenant.name;
+  info.uid = p.uid;
+  info.program = program;
+  info.renderer = renderer;
+  info.fps_target = p.tenant.fps_target;
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(p.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) info.pid = cred.pid;
+  // The hello reply first (blocking, bounded), then the socket belongs to the hub.
+  int flags = ::fcntl(p.fd, F_GETFL);
+  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
+  timeval tv{2, 0};
+  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(seq);
+  rep.setStatus(CL_SUCCESS);
+  auto h = rep.initHello();
+  h.setProtocolVersion(proto::kProtocolVersion);
+  h.setTenant(p.tenant.name);
+  if (!proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).ok()) return false;
+  Status adopted = frames_->Adopt(p.fd, info);  // takes the descriptor, even on error
+  if (!adopted.ok()) {
+    std::fprintf(stderr, "gmuxd: frame agent of tenant %s refused: %s\n", p.tenant.name.c_str(),
+                 adopted.message().c_str());
+  }
+  p.fd = -1;  // the hub's now (or closed)
+  return true;
+}
+
+void Server::ServeFrames(Pending& p, uint64_t seq, const FramesRequest& op) {
+  std::string answer = frames_->Op(op.action, op.policy, op.renderer, op.tenant, op.fps, p.admin,
+                                   p.tenant_id);
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(seq);
+  rep.setStatus(CL_SUCCESS);
+  rep.setFrames(answer);
   int flags = ::fcntl(p.fd, F_GETFL);
   ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
   timeval tv{2, 0};

@@ -12,6 +12,9 @@
 // control channels from then on (scheduler.h). A worker that dies ends its session only: the
 // broker reaps it, logs tenant, pid and signal, and counts the death for `gmux status`.
 //
+// Frame agents (hello with `frameAgent`, libgmux-frame.so in a GL program) are identified the
+// same way and handed to the FrameHub (frame_hub.h), which runs vGASA's controllers.
+//
 // Control connections (hello with `control`, as `gmux status` sends) are answered by the broker
 // itself: Stats with every tenant for root and the configured admins, the caller's own tenant
 // otherwise. Public methods are thread-safe.
@@ -31,6 +34,7 @@
 
 #include "daemon/backend.h"
 #include "daemon/config.h"
+#include "daemon/frame_hub.h"
 #include "daemon/scheduler.h"
 
 namespace gmux::daemon {
@@ -103,6 +107,14 @@ class Server {
     int device = -1;
   };
   void ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op);
+  struct FramesRequest {  // `gmux frames` (a control connection's FramesOp)
+    std::string action, policy, renderer, tenant;
+    double fps = 0;
+  };
+  void ServeFrames(Pending& p, uint64_t seq, const FramesRequest& op);
+  // A frame agent's hello: its socket goes to the frame controller. False: drop it.
+  bool AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& program,
+                       const std::string& renderer);
   void ReplyError(int fd, uint64_t seq, const std::string& message);
   Status SendHelloReply(int fd, const std::string& tenant, uint64_t session);
   // Starts a worker for `key`; its WorkerUp arrives on its control channel.
@@ -128,6 +140,7 @@ class Server {
   std::string state_dir_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<FrameHub> frames_;  // frame agents (vGASA)
   int listen_fd_ = -1;
   int tcp_fd_ = -1;
   uint16_t tcp_port_ = 0;

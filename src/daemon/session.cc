@@ -1209,6 +1209,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     case wire::Request::LEASE:
       return {CL_INVALID_OPERATION, "leases are asked on a control connection (gmux lease)"};
 
+    case wire::Request::FRAME:
+      return {CL_INVALID_OPERATION, "frame reports belong on a frame agent's connection"};
+
+    case wire::Request::FRAMES:
+      return {CL_INVALID_OPERATION, "`gmux frames` is asked on a control connection"};
+
     case wire::Request::STATS: {
       auto s = root.initStats();
       s.setLiveBackendObjects(LiveBackendObjects());

@@ -107,6 +107,10 @@ struct Hello {
   token @3 :Text;          # TCP only: the tenant's token
   control @4 :Bool;        # a control connection (gmux status): served by gmuxd itself, no
                            # worker; only Stats may follow
+  frameAgent @5 :Bool;     # a frame agent (libgmux-frame.so, Unix socket only): served by
+                           # gmuxd's frame controller; only FrameReport may follow
+  program @6 :Text;        # frame agent: the program's name (shown by `gmux status`)
+  renderer @7 :Text;       # frame agent: GL_RENDERER of its context (picks the device's policy)
 }
 
 struct DeviceSummary {
@@ -387,7 +391,39 @@ struct Request {
     createProgramWithBuiltInKernels @27 :CreateProgramWithBuiltInKernels;
     setSpecConstant @28 :SetSpecConstant;
     lease @29 :LeaseOp;            # control connections only: `gmux lease`
+    frame @30 :FrameReport;        # frame agents only; seq != 0 asks for a FrameDecision
+    frames @31 :FramesOp;          # control connections only: `gmux frames`
   }
+}
+
+# A frame agent's report at a frame boundary (docs/protocol.md, "Frame agents"). Times are the
+# agent's CLOCK_MONOTONIC (the daemon's steady clock: agents are local).
+struct FrameReport {
+  frames @0 :UInt32;               # frames whose Present returned since the last report (>= 0)
+  presentEndNs @1 :UInt64;         # when the last of them returned (0: none yet)
+  presentNs @2 :UInt64;            # their Present execution times, summed
+  cpuNs @3 :UInt64;                # seq != 0: this frame's CPU time, previous Present's return
+                                   # to this swap call; the decision is for this frame
+  processCpuNs @4 :UInt64;         # the process's CPU time (all threads) since the last report:
+                                   # the device time of a software renderer (llvmpipe)
+}
+
+# `gmux frames` (docs/operations.md, "Frame-rate SLAs"); answered with Reply.frames, JSON.
+struct FramesOp {
+  action @0 :Text;                 # "list", "policy" or "target"
+  policy @1 :Text;                 # policy: none, sa, fsa or esa
+  renderer @2 :Text;               # policy: the device group (a GL_RENDERER); empty: all
+  tenant @3 :Text;                 # target: the tenant
+  fps @4 :Float64;                 # target: its FPS target (0: the criterion)
+}
+
+# gmuxd to a frame agent: the sleep before this frame's Present (a Reply to a FrameReport with
+# seq != 0), or, unasked (seq 0), whether the agent is under control from now on.
+struct FrameDecision {
+  sleepNs @0 :UInt64;
+  controlled @1 :Bool;             # a finite reference is in force: ask at every frame
+  referenceFps @2 :Float64;        # the reference (0 when not controlled)
+  commandFps @3 :Float64;          # the PI's command F (0 when not controlled)
 }
 
 # `gmux lease` (docs/operations.md, "Device pool"); answered with Reply.lease, a JSON object.
@@ -411,6 +447,7 @@ struct Stats {
   pendingCommands @2 :UInt64;
   bulkBytes @3 :UInt64;
   scheduler @4 :Text;              # JSON: devices, policies, per-tenant monitoring (`gmux status`)
+  frames @5 :Text;                 # JSON: frame agents and SLA policies (`gmux status`)
 }
 
 struct Reply {
@@ -426,5 +463,7 @@ struct Reply {
     binaryStatus @8 :List(Int32);
     stats @9 :Stats;
     lease @10 :Text;               # JSON: the LeaseOp's answer
+    frame @11 :FrameDecision;
+    frames @12 :Text;              # JSON: the FramesOp's answer
   }
 }

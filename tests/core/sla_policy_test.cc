@@ -175,5 +175,34 @@ TEST(SlaPolicyTest, FsaWithoutDonorsAimsTheNeedyAtTheCriterion) {
   EXPECT_EQ(t[1].reference_fps, 30);
 }
 
+TEST(SlaPolicyTest, SaUsesEachTenantsOwnTarget) {
+  std::vector<SlaTenantState> ts = {T(90, 0.3), T(50, 0.3), T(20, 0.3)};
+  ts[0].target_fps = 60;
+  ts[2].target_fps = std::nan("");  // not a target: the criterion
+  Make(SlaKind::kSa).Update(ts);
+  EXPECT_DOUBLE_EQ(ts[0].reference_fps, 60);
+  EXPECT_DOUBLE_EQ(ts[1].reference_fps, 30);
+  EXPECT_DOUBLE_EQ(ts[2].reference_fps, 30);
+}
+
+TEST(SlaPolicyTest, FsaHelpsAndStopsDonorsAtTheirOwnTargets) {
+  // Tenant 0 wants 60 and runs 50: it is helped (aimed at 63). Tenant 1 (target 30) at 100 FPS
+  // donates; tenant 2 (target 90) at 95 FPS may give only what keeps it at 90.
+  std::vector<SlaTenantState> ts = {T(50, 0.25), T(100, 0.25), T(95, 0.25)};
+  ts[0].target_fps = 60;
+  ts[2].target_fps = 90;
+  Make(SlaKind::kFsa, 30, 0.05, 1.0).Update(ts);
+  EXPECT_DOUBLE_EQ(ts[0].reference_fps, 63);
+  EXPECT_GE(ts[2].reference_fps, 90);
+  EXPECT_LT(ts[2].reference_fps, 95);
+  EXPECT_LT(ts[1].reference_fps, 100);
+  EXPECT_GE(ts[1].reference_fps, 30);
+  // The deficit k0 (63 - 50) is covered by the two donors together; tenant 2 hits its target.
+  EXPECT_NEAR(ts[2].reference_fps, 90, 1e-9);
+  const double given = ts[1].coef * (100 - ts[1].reference_fps) +
+                       ts[2].coef * (95 - ts[2].reference_fps);
+  EXPECT_NEAR(given, ts[0].coef * (63 - 50), 1e-12);
+}
+
 }  // namespace
 }  // namespace gmux::core

@@ -128,6 +128,40 @@ int main(int argc, char** argv) {
       "list", "Pool devices, leases, waiting tenants, grant latency and reclaims");
   lease_common(lease_list);
 
+  CLI::App* frames = app.add_subcommand(
+      "frames", "Frame-rate SLAs of GL programs run with libgmux-frame.so (vGASA)");
+  frames->require_subcommand(1);
+  gmux::cli::FramesArgs frames_args;
+  std::string frames_socket;
+  bool frames_json = false;
+  auto frames_common = [&](CLI::App* c) {
+    c->add_option("--socket", frames_socket,
+                  "gmuxd's Unix socket (default: $GMUX_SOCKET, else /run/gmux/gmuxd.sock)");
+    c->add_flag("--json", frames_json, "Print the daemon's JSON");
+  };
+  CLI::App* frames_list = frames->add_subcommand(
+      "list", "Frame agents: program, target, reference, measured FPS, sleep per frame, share");
+  frames_common(frames_list);
+  CLI::App* frames_policy = frames->add_subcommand(
+      "policy", "Switch the SLA policy now (root and admin_uids): none, sa, fsa or esa");
+  frames_common(frames_policy);
+  frames_policy->add_option("policy", frames_args.policy, "none, sa, fsa or esa")
+      ->required()
+      ->check(CLI::IsMember({"none", "sa", "fsa", "esa"}));
+  frames_policy->add_option("--device", frames_args.renderer,
+                            "Only the GL renderers containing this text (default: all)");
+  CLI::App* frames_target = frames->add_subcommand(
+      "target", "Set a tenant's FPS target now (root and admin_uids); 0: the criterion");
+  frames_common(frames_target);
+  frames_target->add_option("tenant", frames_args.tenant, "The tenant")->required();
+  frames_target->add_option("fps", frames_args.fps, "Frames per second")
+      ->required()
+      ->check(CLI::Range(0.0, 1000.0));
+  frames->footer(
+      "Programs opt in with LD_PRELOAD=libgmux-frame.so; their uid picks the tenant. The\n"
+      "policy and targets start from the config's [frames] and fps_target (docs/operations.md,\n"
+      "\"Frame-rate SLAs\"); changes made here last until gmuxd restarts.");
+
   CLI::App* demo = app.add_subcommand("demo", "Experiments on the real runtime");
   demo->require_subcommand(1);
   CLI::App* fair = demo->add_subcommand(
@@ -259,6 +293,11 @@ int main(int argc, char** argv) {
   if (lease_acquire->parsed()) return gmux::cli::RunLeaseAcquire(lease_opts);
   if (lease_release->parsed()) return gmux::cli::RunLeaseRelease(lease_opts);
   if (lease_list->parsed()) return gmux::cli::RunLeaseList(lease_opts);
+  if (frames->parsed()) {
+    frames_args.action = frames_list->parsed() ? "list" : frames_policy->parsed() ? "policy"
+                                                                                  : "target";
+    return gmux::cli::RunFrames(frames_socket, frames_args, frames_json);
+  }
   if (fair->parsed()) return gmux::cli::RunDemoFairness(fair_opts);
   if (mem->parsed()) return gmux::cli::RunDemoMemory(mem_opts);
   if (pool->parsed()) return gmux::cli::RunDemoPool(pool_opts);

@@ -31,7 +31,8 @@ Result<proto::Message> Call(int fd, capnp::MallocMessageBuilder& b) {
 }  // namespace
 
 Result<std::string> ControlRequest(const std::string& socket_arg, const char* client,
-                                   const std::optional<LeaseArgs>& lease) {
+                                   const std::optional<LeaseArgs>& lease,
+                                   const std::optional<FramesArgs>& frames) {
   std::string path = socket_arg;
   if (path.empty()) {
     const char* env = std::getenv("GMUX_SOCKET");
@@ -80,6 +81,13 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
       l.setLease(lease->id);
       l.setForSeconds(lease->for_s);
       l.setDevice(lease->device);
+    } else if (frames) {
+      auto f = sreq.initFrames();
+      f.setAction(frames->action);
+      f.setPolicy(frames->policy);
+      f.setRenderer(frames->renderer);
+      f.setTenant(frames->tenant);
+      f.setFps(frames->fps);
     } else {
       sreq.setStats();
     }
@@ -93,8 +101,20 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
       out = FailedPrecondition(std::string("gmuxd: ") + rep.getMessage().cStr());
     } else if (lease && rep.isLease()) {
       out = std::string(rep.getLease().cStr());
-    } else if (!lease && rep.isStats()) {
+    } else if (frames && rep.isFrames()) {
+      out = std::string(rep.getFrames().cStr());
+    } else if (!lease && !frames && rep.isStats()) {
       out = std::string(rep.getStats().getScheduler().cStr());
+      // The frame agents (vGASA) beside the scheduler's state.
+      std::string fr = rep.getStats().getFrames().cStr();
+      if (!fr.empty() && out.ok() && !out->empty()) {
+        auto j = nlohmann::json::parse(*out, nullptr, false);
+        auto f = nlohmann::json::parse(fr, nullptr, false);
+        if (!j.is_discarded() && !f.is_discarded() && j.is_object()) {
+          j["frames"] = f;
+          out = j.dump();
+        }
+      }
     } else {
       out = Internal("gmuxd answered the request with something else");
     }
@@ -205,10 +225,69 @@ int RunStatus(const std::string& socket, bool json) {
                   static_cast<unsigned long long>(t.value("memory_refused", uint64_t{0})));
     }
   }
+  if (j.contains("frames") && j["frames"].is_object()) PrintFrames(j["frames"]);
   const auto sch = j.value("scheduler", nlohmann::json::object());
   std::printf("scheduler thread: %.0f ns per dispatch over %llu dispatches\n",
               sch.value("ns_per_dispatch", 0.0),
               static_cast<unsigned long long>(sch.value("dispatches", uint64_t{0})));
+  return 0;
+}
+
+void PrintFrames(const nlohmann::json& f) {
+  const auto groups = f.value("groups", nlohmann::json::array());
+  if (groups.empty()) {
+    std::printf("frame agents: none (SLA policy %s, criterion %.0f FPS)\n",
+                f.value("policy", std::string("?")).c_str(), f.value("criterion_fps", 0.0));
+    return;
+  }
+  for (const auto& g : groups) {
+    std::printf("frames on '%s': policy %s\n", g.value("renderer", std::string("?")).c_str(),
+                g.value("policy", std::string("?")).c_str());
+    std::printf("  %-14s %7s %-14s %7s %7s %7s %9s %9s %6s %9s\n", "tenant", "pid", "program",
+                "target", "ref", "fps", "sleep_ms", "present", "share", "frames");
+    for (const auto& a : g.value("agents", nlohmann::json::array())) {
+      char ref[16] = "-";
+      if (a.value("controlled", false)) {
+        std::snprintf(ref, sizeof(ref), "%.1f", a.value("reference_fps", 0.0));
+      }
+      std::printf("  %-14s %7d %-14s %7.1f %7s %7.1f %9.2f %9.2f %6.2f %9llu\n",
+                  a.value("tenant", std::string("?")).c_str(), a.value("pid", 0),
+                  a.value("program", std::string("?")).substr(0, 14).c_str(),
+                  a.value("target_fps", 0.0), ref, a.value("fps", 0.0),
+                  a.value("sleep_ms_per_frame", 0.0), a.value("present_ms_per_frame", 0.0),
+                  a.value("share", 0.0),
+                  static_cast<unsigned long long>(a.value("frames", uint64_t{0})));
+    }
+  }
+}
+
+int RunFrames(const std::string& socket, const FramesArgs& args, bool json) {
+  auto s = ControlRequest(socket, "gmux frames", std::nullopt, args);
+  if (!s.ok()) {
+    std::cerr << "gmux frames: " << s.status().message() << "\n";
+    return 1;
+  }
+  nlohmann::json j = nlohmann::json::parse(*s, nullptr, false);
+  if (j.is_discarded()) {
+    std::cerr << "gmux frames: the daemon sent malformed JSON\n";
+    return 1;
+  }
+  if (j.contains("error")) {
+    std::cerr << "gmux frames: " << j["error"].get<std::string>() << "\n";
+    return 1;
+  }
+  if (json) {
+    std::cout << j.dump(2) << "\n";
+  } else if (args.action == "list") {
+    PrintFrames(j);
+  } else if (args.action == "policy") {
+    std::printf("frame-rate policy %s for %s (%d group(s) now)\n", args.policy.c_str(),
+                args.renderer.empty() ? "every renderer" : ("'" + args.renderer + "'").c_str(),
+                j.value("groups_changed", 0));
+  } else {
+    std::printf("tenant %s: FPS target %.1f%s (%d agent(s) now)\n", args.tenant.c_str(), args.fps,
+                args.fps == 0 ? " (the criterion)" : "", j.value("agents", 0));
+  }
   return 0;
 }
 

@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 
 namespace gmux::cli {
@@ -19,10 +21,23 @@ struct LeaseArgs {
   int device = -1;
 };
 
+// `gmux frames`'s request (FramesOp in gmux.capnp).
+struct FramesArgs {
+  std::string action, policy, renderer, tenant;
+  double fps = 0;
+};
+
 // One request on a control connection to gmuxd at `socket` (empty: $GMUX_SOCKET or the default):
-// Stats (the scheduler's JSON) without `lease`, else the lease operation's JSON answer.
+// Stats (the scheduler's JSON, with the frame agents under "frames") without `lease` or
+// `frames`, else the lease or frames operation's JSON answer.
 Result<std::string> ControlRequest(const std::string& socket, const char* client,
-                                   const std::optional<LeaseArgs>& lease);
+                                   const std::optional<LeaseArgs>& lease,
+                                   const std::optional<FramesArgs>& frames = std::nullopt);
+
+// `gmux frames list|policy|target`: prints the answer (a table, or JSON); the exit status.
+int RunFrames(const std::string& socket, const FramesArgs& args, bool json);
+// The frame agents' table of `gmux status` and `gmux frames list` (`frames`: their JSON).
+void PrintFrames(const nlohmann::json& frames);
 Result<std::string> QuerySchedulerStatus(const std::string& socket);
 
 // `gmux status [--json]`: prints a table (or the JSON); returns the exit status.
