@@ -245,5 +245,46 @@ TEST(DaemonConfigTest, PoolDevicesAndOptions) {
   EXPECT_NE(too_long.status().message().find("at most 86400"), std::string::npos);
 }
 
+TEST(DaemonConfigTest, FramesPolicyTargetsAndControllerGains) {
+  auto o = ParseDaemonConfig(
+      "[frames]\npolicy = \"fsa\"\ncriterion_fps = 25\ncontrol_period_s = 0.5\n"
+      "kp = 0.2\nki = 0.4\nusage = \"present\"\n"
+      "[[frames.device]]\nrenderer = \"llvmpipe\"\npolicy = \"esa\"\n"
+      "[[tenant]]\nname = \"games\"\nuids = [1000]\nfps_target = 60\n",
+      "g.toml");
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->frames.policy, "fsa");
+  EXPECT_EQ(o->frames.criterion_fps, 25);
+  EXPECT_EQ(o->frames.control_period_s, 0.5);
+  EXPECT_EQ(o->frames.kp, 0.2);
+  EXPECT_EQ(o->frames.usage, "present");
+  ASSERT_EQ(o->frames.device_policies.size(), 1u);
+  EXPECT_EQ(o->frames.device_policies[0].first, "llvmpipe");
+  EXPECT_EQ(o->frames.device_policies[0].second, "esa");
+  ASSERT_EQ(o->tenants.size(), 1u);
+  EXPECT_EQ(o->tenants[0].fps_target, 60);
+  // Defaults: SA at the paper's 30 FPS.
+  auto d = ParseDaemonConfig("", "g.toml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->frames.policy, "sa");
+  EXPECT_EQ(d->frames.criterion_fps, 30);
+  // Errors name the file, the line and the key.
+  auto bad_policy = ParseDaemonConfig("[frames]\npolicy = \"fair\"\n", "g.toml");
+  ASSERT_FALSE(bad_policy.ok());
+  EXPECT_NE(bad_policy.status().message().find("g.toml:2"), std::string::npos)
+      << bad_policy.status().message();
+  // An unstable PI (Eq. 8: |pole| >= 1) is refused.
+  auto unstable = ParseDaemonConfig("[frames]\nkp = 0.1\nki = -0.1\n", "g.toml");
+  ASSERT_FALSE(unstable.ok());
+  EXPECT_NE(unstable.status().message().find("g.toml:3"), std::string::npos)
+      << unstable.status().message();
+  auto bad_target = ParseDaemonConfig("[[tenant]]\nname = \"a\"\nfps_target = -1\n", "g.toml");
+  ASSERT_FALSE(bad_target.ok());
+  EXPECT_NE(bad_target.status().message().find("fps_target"), std::string::npos);
+  auto bad_key = ParseDaemonConfig("[frames]\nfps = 30\n", "g.toml");
+  ASSERT_FALSE(bad_key.ok());
+  EXPECT_NE(bad_key.status().message().find("fps"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gmux::daemon
