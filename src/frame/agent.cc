@@ -21,7 +21,8 @@
 // it; no daemon (or a daemon that goes away) leaves the program running as if the agent were not
 // loaded, and a new attempt follows every 2 s. Other variables: GMUX_FRAME=0 turns the agent
 // off; GMUX_FRAME_LOG=FILE appends one line per frame (end time, CPU, sleep, Present, in
-// seconds and milliseconds) for the program's own view of its frame rate; GMUX_FRAME_VERBOSE=1
+// seconds and milliseconds, and the reference FPS in force, 0 when uncontrolled) for the
+// program's own view of its frame rate; GMUX_FRAME_VERBOSE=1
 // reports connection changes on stderr. A forked child starts with no connection of its own.
 // The wire schema before the X11 headers, whose macros (Status, Success, None, Bool) would
 // rename its identifiers.
@@ -110,6 +111,7 @@ struct State {
   bool connecting = false;
   int64_t next_try_ns = 0;
   bool controlled = false;
+  double reference = 0;  // the reference of the last decision (0: uncontrolled)
   uint64_t seq = 0;
   int64_t last_end_ns = 0;
   // Frames not yet reported.
@@ -298,6 +300,7 @@ uint64_t Receive(State& s, uint64_t want) {
         return 0;
       }
       uint64_t seq = 0, sleep_ns = 0;
+      double reference = 0;
       bool error = false, is_frame = false, controlled = false;
       std::string why;
       KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
@@ -309,6 +312,7 @@ uint64_t Receive(State& s, uint64_t want) {
         if (is_frame) {
           sleep_ns = rep.getFrame().getSleepNs();
           controlled = rep.getFrame().getControlled();
+          reference = rep.getFrame().getReferenceFps();
         }
       })) {
         error = true;
@@ -322,7 +326,10 @@ uint64_t Receive(State& s, uint64_t want) {
         s.controlled = controlled;
         continue;
       }
-      if (seq == want) return std::min(sleep_ns, kMaxSleepNs);
+      if (seq == want) {
+        s.reference = reference;
+        return std::min(sleep_ns, kMaxSleepNs);
+      }
     }
     const int64_t left_ms = want == 0 ? 0 : (deadline - NowNs()) / 1'000'000;
     if (want != 0 && left_ms <= 0) {
@@ -354,7 +361,7 @@ void Init() {
   if (const char* path = std::getenv("GMUX_FRAME_LOG"); path != nullptr && *path != '\0' && !s.off) {
     s.log = std::fopen(path, "ae");
     if (s.log != nullptr) {
-      std::fprintf(s.log, "# gmux frame log: pid %d, %s; end_s cpu_ms sleep_ms present_ms\n",
+      std::fprintf(s.log, "# gmux frame log: pid %d, %s; end_s cpu_ms sleep_ms present_ms reference_fps\n",
                    static_cast<int>(::getpid()), ProgramName().c_str());
     }
   }
@@ -391,6 +398,7 @@ auto OnSwap(F&& real_swap) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     MaybeConnect(s, t_call);
+    s.reference = 0;
     if (s.fd >= 0 && s.controlled) {
       const uint64_t cpu = s.last_end_ns > 0 ? static_cast<uint64_t>(t_call - s.last_end_ns) : 0;
       using Flush = void (*)();
@@ -418,9 +426,10 @@ auto OnSwap(F&& real_swap) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.log != nullptr) {
       if (s.log_epoch_ns == 0) s.log_epoch_ns = t1;
-      std::fprintf(s.log, "%.6f %.3f %.3f %.3f\n", static_cast<double>(t1) * 1e-9,
+      std::fprintf(s.log, "%.6f %.3f %.3f %.3f %.2f\n", static_cast<double>(t1) * 1e-9,
                    s.last_end_ns > 0 ? static_cast<double>(t_call - s.last_end_ns) * 1e-6 : 0.0,
-                   static_cast<double>(sleep_ns) * 1e-6, static_cast<double>(t1 - t0) * 1e-6);
+                   static_cast<double>(sleep_ns) * 1e-6, static_cast<double>(t1 - t0) * 1e-6,
+                   s.reference);
       if (t1 - s.log_epoch_ns > 1'000'000'000) {
         std::fflush(s.log);
         s.log_epoch_ns = t1;

@@ -262,4 +262,30 @@ TEST_F(FramesTest, SaBringsAFreeRunningProgramToItsTargetAndNoneLetsItGo) {
   EXPECT_EQ(st.value("criterion_fps", 0.0), 30.0);
 }
 
+// `gmux demo frames` end to end, short: its JSON has every phase asked for and every program.
+TEST(DemoFramesTest, RunsEndToEndWithJson) {
+  if (::access("/usr/bin/Xvfb", X_OK) != 0) GTEST_SKIP() << "Xvfb is not installed";
+  char tmpl[] = "/tmp/gmux-demo-frames-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  pid_t pid = Spawn({GMUX_CLI_PATH, "demo", "frames", "--seconds", "5", "--settle", "2",
+                     "--policies", "none,sa", "--no-step", "--no-overhead", "--json", "--plot",
+                     dir + "/plots"},
+                    {}, dir + "/out.json");
+  ASSERT_EQ(Wait(pid, std::chrono::seconds(150)), 0) << Slurp(dir + "/out.json");
+  std::string text = Slurp(dir + "/out.json");
+  auto j = nlohmann::json::parse(text.substr(text.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << text;
+  ASSERT_EQ(j["policies"].size(), 2u);
+  for (const auto& p : j["policies"]) {
+    ASSERT_EQ(p["programs"].size(), 3u) << p;
+    for (const auto& r : p["programs"]) EXPECT_GT(r["frames"].get<int>(), 0) << p["policy"] << r;
+  }
+  EXPECT_TRUE(j["goals"].contains("sa_within_3pct"));
+  EXPECT_TRUE(j["goals"].contains("none_one_below_target"));
+  EXPECT_TRUE(fs::exists(dir + "/plots/frames-sa.csv"));
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 }  // namespace

@@ -10,6 +10,7 @@
 #include "demo_memory.h"
 #include "demo_pool.h"
 #include "sim/output.h"
+#include "demo_frames.h"
 #include "lease.h"
 #include "status.h"
 #include "sim/scenario.h"
@@ -226,6 +227,36 @@ int main(int argc, char** argv) {
 
   CLI::App* pool = demo->add_subcommand(
       "pool", "BioCloud's device pool on real OpenCL: static assignment vs leases, 1/2/4 devices");
+  CLI::App* frames_demo = demo->add_subcommand(
+      "frames", "vGASA's SLA policies on real GL programs (Xvfb, llvmpipe): none, sa, fsa, esa");
+  gmux::cli::DemoFramesOptions frames_opts;
+  frames_demo->add_flag("--json", frames_opts.json, "One JSON object with every phase");
+  frames_demo->add_option("--plot", frames_opts.plot_dir,
+                          "Write per-second FPS series (CSV) and plots (PNG, gnuplot) here");
+  frames_demo->add_option("--policies", frames_opts.policies, "Comma-separated SLA policies")
+      ->capture_default_str();
+  frames_demo->add_option("--seconds", frames_opts.seconds, "Seconds per policy")
+      ->capture_default_str()
+      ->check(CLI::Range(3.0, 3600.0));
+  frames_demo->add_option("--settle", frames_opts.settle_s,
+                          "Seconds at the start of each policy not counted")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 600.0));
+  frames_demo->add_option("--criterion", frames_opts.criterion_fps, "The SLA criterion (FPS)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 500.0));
+  frames_demo->add_option("--target-usage", frames_opts.target_usage,
+                          "ESA's planned share of the device (here: the CPUs llvmpipe draws on)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 1.0));
+  frames_demo->add_flag("!--no-step", frames_opts.step, "Skip the PI step-response phase");
+  frames_demo->add_flag("!--no-overhead", frames_opts.overhead, "Skip the agent-overhead phase");
+  frames_demo->footer(
+      "Three unmodified GL programs of different cost (glxgears, gl_frames medium through EGL,\n"
+      "gl_frames heavy) run at once with libgmux-frame.so under one gmuxd; each policy is a phase.\n"
+      "Reports mean FPS once settled, frames over 34/60 ms, device usage, the goals of\n"
+      "docs/reproductions.md, a PI step response and the agent's overhead. Needs Xvfb.");
+
   gmux::cli::DemoPoolOptions pool_opts;
   pool->add_flag("--json", pool_opts.json, "One JSON object with every configuration");
   pool->add_option("--devices", pool_opts.devices, "Comma-separated pool sizes")
@@ -301,6 +332,7 @@ int main(int argc, char** argv) {
   if (fair->parsed()) return gmux::cli::RunDemoFairness(fair_opts);
   if (mem->parsed()) return gmux::cli::RunDemoMemory(mem_opts);
   if (pool->parsed()) return gmux::cli::RunDemoPool(pool_opts);
+  if (frames_demo->parsed()) return gmux::cli::RunDemoFrames(frames_opts);
   if (bench->parsed()) return gmux::cli::RunBench(bench_opts);
   return 0;
 }
