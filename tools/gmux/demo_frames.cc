@@ -510,13 +510,14 @@ int RunDemoFrames(const DemoFramesOptions& o) {
         for (const auto& r : rs) csv << "," << r.series[s];
         csv << "\n";
       }
+      csv.close();  // gnuplot reads it below
       std::ofstream gp(o.plot_dir + "/frames-" + policy + ".gp");
       gp << "set terminal png size 800,400\nset output '" << o.plot_dir << "/frames-" << policy
          << ".png'\nset datafile separator ','\nset title 'FPS per program, policy " << policy
-         << "'\nset xlabel 'second'\nset ylabel 'FPS'\nset yrange [0:120]\nset key outside\n"
+         << "'\nset xlabel 'second'\nset ylabel 'FPS'\nset logscale y\nset yrange [5:*]\nset key outside\n"
          << "plot " << c << " title 'criterion' dt 2";
       for (size_t i = 0; i < rs.size(); ++i) {
-        gp << ", '" << o.plot_dir << "/frames-" << policy << ".csv' using 1:" << i + 2
+        gp << ", '" << o.plot_dir << "/frames-" << policy << ".csv' every ::1 using 1:" << i + 2
            << " with lines title '" << rs[i].name << "'";
       }
       gp << "\n";
