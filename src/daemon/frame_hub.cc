@@ -346,8 +346,9 @@ bool FrameHub::OnReadable(Agent& a) {
 }
 
 bool FrameHub::OnMessage(Agent& a, const std::vector<uint8_t>& frame) {
-  auto words = kj::heapArray<capnp::word>((frame.size() - proto::kHeaderBytes) / sizeof(capnp::word));
-  std::memcpy(words.begin(), frame.data() + proto::kHeaderBytes, frame.size() - proto::kHeaderBytes);
+  const size_t payload = frame.size() - proto::kHeaderBytes;
+  auto words = kj::heapArray<capnp::word>(payload / sizeof(capnp::word));
+  std::memcpy(words.begin(), frame.data() + proto::kHeaderBytes, payload);
   auto msg = proto::DecodePayload(std::move(words), proto::FrameKind::kRequest, AgentLimits());
   if (!msg.ok()) {
     Drop(a, "malformed frame agent message: " + msg.status().message());
@@ -580,9 +581,8 @@ std::string FrameHub::Op(const std::string& action, const std::string& policy,
     }
     // A fresh start for the agents of the groups changed: FSA begins uncontrolled (Algorithm 2).
     for (auto& a : agents_) {
-      if (a->dead || (!renderer.empty() && a->group->renderer.find(renderer) == std::string::npos)) {
-        continue;
-      }
+      if (a->dead) continue;
+      if (!renderer.empty() && a->group->renderer.find(renderer) == std::string::npos) continue;
       a->sla.reference_fps = core::kUncappedFps;
     }
     dirty_ = true;

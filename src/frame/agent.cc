@@ -358,10 +358,12 @@ void Init() {
   s.off = EnvIs("GMUX_FRAME", "0");
   s.verbose = EnvIs("GMUX_FRAME_VERBOSE", "1");
   s.finish = EnvIs("GMUX_FRAME_FINISH", "1");
-  if (const char* path = std::getenv("GMUX_FRAME_LOG"); path != nullptr && *path != '\0' && !s.off) {
+  const char* path = std::getenv("GMUX_FRAME_LOG");
+  if (path != nullptr && *path != '\0' && !s.off) {
     s.log = std::fopen(path, "ae");
     if (s.log != nullptr) {
-      std::fprintf(s.log, "# gmux frame log: pid %d, %s; end_s cpu_ms sleep_ms present_ms reference_fps\n",
+      std::fprintf(s.log,
+                   "# gmux frame log: pid %d, %s; end_s cpu_ms sleep_ms present_ms reference_fps\n",
                    static_cast<int>(::getpid()), ProgramName().c_str());
     }
   }

@@ -35,7 +35,9 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::vector<std::string>
   for (char** e = environ; *e != nullptr; ++e) {
     std::string kv = *e;
     bool replaced = false;
-    for (const auto& x : env_extra) replaced = replaced || kv.substr(0, kv.find('=')) == x.substr(0, x.find('='));
+    for (const auto& x : env_extra) {
+      replaced = replaced || kv.substr(0, kv.find('=')) == x.substr(0, x.find('='));
+    }
     if (!replaced) env.push_back(kv);
   }
   env.insert(env.end(), env_extra.begin(), env_extra.end());
@@ -222,7 +224,8 @@ TEST_F(FramesTest, EverySwapPathIsControlledUnderSa) {
     std::string log = dir_ + "/sa.log";
     fs::remove(log);
     pid_t pid = Spawn(argv, Env(log), dir_ + "/out.txt");
-    ASSERT_EQ(Wait(pid, std::chrono::seconds(60)), 0) << argv[0] << ": " << Slurp(dir_ + "/out.txt");
+    ASSERT_EQ(Wait(pid, std::chrono::seconds(60)), 0)
+        << argv[0] << ": " << Slurp(dir_ + "/out.txt");
     auto frames = ReadLog(log);
     size_t slept = 0;
     for (const auto& f : frames) slept += f.sleep_ms > 0 ? 1 : 0;

@@ -143,7 +143,9 @@ ProgramResult Analyse(const std::string& name, const std::vector<LogFrame>& log,
   for (int s = 0; s < static_cast<int>(seconds); ++s) r.series.push_back(0);
   for (const auto& f : log) {
     int bin = static_cast<int>(f.end_s - t0);
-    if (bin >= 0 && bin < static_cast<int>(r.series.size())) r.series[static_cast<size_t>(bin)] += 1;
+    if (bin >= 0 && bin < static_cast<int>(r.series.size())) {
+      r.series[static_cast<size_t>(bin)] += 1;
+    }
   }
   std::vector<double> ends;
   for (const auto& f : log) {
@@ -300,7 +302,9 @@ int RunDemoFrames(const DemoFramesOptions& o) {
       l.action = "list";
       if (auto j = Frames(daemon.socket(), l)) {
         for (const auto& g : (*j)["groups"]) {
-          for (const auto& ag : g["agents"]) usage[ag.value("pid", 0)].push_back(ag.value("usage", 0.0));
+          for (const auto& ag : g["agents"]) {
+            usage[ag.value("pid", 0)].push_back(ag.value("usage", 0.0));
+          }
         }
       }
     }
@@ -444,16 +448,16 @@ int RunDemoFrames(const DemoFramesOptions& o) {
         ctl.Observe({AtSeconds(now), FromSeconds(present)});
         ends.push_back(now);
         if (k > 200 && predicted < 0) {
-          bool ok = true;
-          for (int m = k; m < k + 1 && ok; ++m) ok = std::fabs(1.0 / (ends[static_cast<size_t>(k)] - ends[static_cast<size_t>(k - 1)]) / target - 1) <= 0.05;
-          if (ok) predicted = k - 200;
+          const double dt = ends[static_cast<size_t>(k)] - ends[static_cast<size_t>(k - 1)];
+          if (std::fabs(1.0 / dt / target - 1) <= 0.05) predicted = k - 200;
         }
       }
       sj["settle_frames"] = settle;
       sj["model_settle_frames"] = predicted;
       sj["pole"] = core::ClosedLoopPole(fo.kp, fo.ki);
       sj["within_50pct_of_model"] =
-          settle >= 0 && predicted >= 0 && std::abs(settle - predicted) <= std::max(1.0, 0.5 * predicted);
+          settle >= 0 && predicted >= 0 &&
+          std::abs(settle - predicted) <= std::max(1.0, 0.5 * predicted);
       double after = 0;
       int an = 0;
       for (size_t i = first + 30; i < frames.size(); ++i) {
@@ -514,7 +518,8 @@ int RunDemoFrames(const DemoFramesOptions& o) {
       std::ofstream gp(o.plot_dir + "/frames-" + policy + ".gp");
       gp << "set terminal png size 800,400\nset output '" << o.plot_dir << "/frames-" << policy
          << ".png'\nset datafile separator ','\nset title 'FPS per program, policy " << policy
-         << "'\nset xlabel 'second'\nset ylabel 'FPS'\nset logscale y\nset yrange [5:*]\nset key outside\n"
+         << "'\nset xlabel 'second'\nset ylabel 'FPS'\nset logscale y\nset yrange [5:*]\n"
+         << "set key outside\n"
          << "plot " << c << " title 'criterion' dt 2";
       for (size_t i = 0; i < rs.size(); ++i) {
         gp << ", '" << o.plot_dir << "/frames-" << policy << ".csv' every ::1 using 1:" << i + 2
