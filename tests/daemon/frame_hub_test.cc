@@ -428,5 +428,30 @@ TEST_F(FrameHubTest, AgentsOfOtherRenderersHaveTheirOwnPolicy) {
   EXPECT_TRUE(d.controlled);
 }
 
+TEST_F(FrameHubTest, FsaLiftsTheAgentBelowItsTargetAndTakesFromTheFastOne) {
+  Start("fsa", 0.3);
+  FakeAgent slow(socket(), "FakeGPU"), fast(socket(), "FakeGPU");
+  ASSERT_TRUE(slow.hello_ok() && fast.hello_ok());
+  // Algorithm 2 starts without control. One period: `slow` shows a few frames of 40 ms of
+  // device time (far below 30 FPS), `fast` hundreds of 1 ms frames (far above).
+  int64_t t = Now() - 300'000'000;
+  for (int i = 0; i < 150; ++i) {
+    t += 1'000'000;
+    ASSERT_TRUE(fast.Report(0, 1, t, 1'000'000));
+    if (i % 50 == 0) {
+      ASSERT_TRUE(slow.Report(0, 1, t, 40'000'000));
+    }
+  }
+  auto s = slow.AwaitControl(true);
+  auto f = fast.AwaitControl(true);
+  ASSERT_TRUE(s.has_value() && f.has_value());
+  // The one below is aimed just above the criterion, 30 * (1 + fsa_headroom 0.05).
+  EXPECT_NEAR(s->reference, 31.5, 1e-9);
+  // The donor gives device time but never goes below the criterion.
+  EXPECT_GE(f->reference, 30);
+  auto st = Control("list");
+  EXPECT_EQ(st["groups"][0]["policy"], "fsa");
+}
+
 }  // namespace
 }  // namespace gmux::daemon

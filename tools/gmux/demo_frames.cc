@@ -231,8 +231,8 @@ int RunDemoFrames(const DemoFramesOptions& o) {
                 "[frames]\npolicy = \"none\"\ncriterion_fps = %g\ncontrol_period_s = 1.0\n"
                 "target_usage = %g\n",
                 o.criterion_fps, o.target_usage);
-  const int budget = static_cast<int>(
-      (o.seconds + 10) * static_cast<double>(policies.size() + 2) + 4 * o.overhead_s + 120);
+  const int budget = static_cast<int>((o.seconds + 10) * static_cast<double>(policies.size() + 2) +
+                                      2 * o.overhead_pairs * o.overhead_s + 120);
   if (!daemon.Start(cfg, budget)) {
     std::cerr << "gmux demo frames: gmuxd did not start:\n" << daemon.LogTail() << "\n";
     return 1;
@@ -240,10 +240,8 @@ int RunDemoFrames(const DemoFramesOptions& o) {
   auto env = [&](const std::string& log, bool with_agent) {
     std::vector<std::string> e = {"DISPLAY=" + display, "GMUX_SOCKET=" + daemon.socket(),
                                   "vblank_mode=0"};
-    if (with_agent) {
-      e.push_back("LD_PRELOAD=" + agent);
-      e.push_back("GMUX_FRAME_LOG=" + log);
-    }
+    if (with_agent) e.push_back("LD_PRELOAD=" + agent);
+    if (with_agent && !log.empty()) e.push_back("GMUX_FRAME_LOG=" + log);
     return e;
   };
   // The trio (calibrated on 2 cores: about 0.4, 3.6 and 33 ms of CPU per frame; together,
@@ -472,19 +470,20 @@ int RunDemoFrames(const DemoFramesOptions& o) {
   }
 
   // The agent's overhead on a free-running program: gl_frames alone, alternately without and
-  // with the agent (gmuxd's policy none: the agent only reports); FPS from its own output.
+  // with the agent (gmuxd's policy none: the agent only measures and reports; no frame log);
+  // FPS from the program's own output.
   if (o.overhead) {
     FramesArgs a;
     a.action = "policy";
     a.policy = "none";
     Frames(daemon.socket(), a);
     std::vector<double> with, without;
-    for (int round = 0; round < 4; ++round) {
+    for (int round = 0; round < 2 * o.overhead_pairs; ++round) {
       const bool agent_on = round % 2 == 1;
       const std::string outp = dir + "/overhead.out";
       pid_t pid = Spawn({gl_frames, "--seconds", std::to_string(o.overhead_s), "--size", "64x64",
                          "--json"},
-                        env(dir + "/overhead.log", agent_on), outp);
+                        env("", agent_on), outp);
       int status = 0;
       ::waitpid(pid, &status, 0);
       std::string text = Slurp(outp);

@@ -23,6 +23,7 @@ struct DemoFramesOptions {
   bool step = true;                      // the PI step-response phase
   bool overhead = true;                  // the agent-overhead phase
   double overhead_s = 4;                 // per run of the overhead phase
+  int overhead_pairs = 3;                // runs without and with the agent, alternated
 };
 
 int RunDemoFrames(const DemoFramesOptions& options);

@@ -251,10 +251,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.05, 1.0));
   frames_demo->add_flag("!--no-step", frames_opts.step, "Skip the PI step-response phase");
   frames_demo->add_flag("!--no-overhead", frames_opts.overhead, "Skip the agent-overhead phase");
+  frames_demo->add_option("--overhead-pairs", frames_opts.overhead_pairs,
+                          "Runs without and with the agent in the overhead phase, alternated")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
   frames_demo->footer(
-      "Three unmodified GL programs of different cost (glxgears, gl_frames medium through EGL,\n"
-      "gl_frames heavy) run at once with libgmux-frame.so under one gmuxd; each policy is a phase.\n"
-      "Reports mean FPS once settled, frames over 34/60 ms, device usage, the goals of\n"
+      "Three unmodified GL programs of different cost (glxgears; gl_frames, medium, through\n"
+      "EGL; gl_frames, heavy) run at once with libgmux-frame.so under one gmuxd, one phase per\n"
+      "policy. Reports mean FPS once settled, frames over 34/60 ms, device usage, the goals of\n"
       "docs/reproductions.md, a PI step response and the agent's overhead. Needs Xvfb.");
 
   gmux::cli::DemoPoolOptions pool_opts;
