@@ -16,6 +16,7 @@ Status DaemonOptions::Validate() const {
   if (max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
   if (inflight_per_device == 0) return InvalidArgument("inflight_per_device must be > 0");
   if (!listen.empty()) GMUX_RETURN_IF_ERROR(ParseListenAddress(listen).status());
+  if (!metrics_listen.empty()) GMUX_RETURN_IF_ERROR(ParseListenAddress(metrics_listen).status());
   GMUX_RETURN_IF_ERROR(frame.Validate());
   GMUX_RETURN_IF_ERROR(backend.Validate());
   std::set<std::string> names;
@@ -164,7 +165,14 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
              "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
              "worker_user", "spare_workers", "state_dir", "express_dispatch", "memory_bytes",
-             "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch"}));
+             "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch", "metrics_listen"}));
+    GMUX_ASSIGN_OR_RETURN(o.metrics_listen, doc.String(*d, "metrics_listen", ""));
+    if (!o.metrics_listen.empty()) {
+      auto ml = ParseListenAddress(o.metrics_listen);
+      if (!ml.ok()) {
+        return doc.Error(d->get("metrics_listen"), "metrics_listen", ml.status().message());
+      }
+    }
     GMUX_ASSIGN_OR_RETURN(o.memory_bytes, doc.Bytes(*d, "memory_bytes", 0));
     GMUX_ASSIGN_OR_RETURN(o.memory_slots, doc.String(*d, "memory_slots", "off"));
     if (o.memory_slots != "off" && !core::ParseSlotPolicy(o.memory_slots).ok()) {

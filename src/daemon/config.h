@@ -116,6 +116,8 @@ struct FramesOptions {
 struct DaemonOptions {
   std::string socket_path;                      // empty: DefaultSocketPath()
   std::string listen;                           // TCP "HOST:PORT"; empty: no TCP listener
+  // Prometheus endpoint "HOST:PORT" (GET /metrics; docs/operations.md "Metrics"); empty: off.
+  std::string metrics_listen;
   uint32_t socket_mode = 0666;                  // permissions of the socket file
   uint32_t max_sessions = 256;                  // identified sessions only
   double handshake_timeout_s = 5;               // a connection must say hello by then

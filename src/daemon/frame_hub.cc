@@ -53,11 +53,38 @@ core::SlaPolicy MakeSla(const FramesOptions& o, const std::string& kind) {
 
 double Finite(double x) { return std::isfinite(x) ? x : 0.0; }
 
+// Program names, renderers, tenants and actions come from clients: text that is not UTF-8 is
+// shown with replacement characters rather than failing the reply.
+constexpr auto kReplaceBadUtf8 = nlohmann::json::error_handler_t::replace;
+
 bool SoftwareRenderer(const std::string& r) {
   for (const char* s : {"llvmpipe", "softpipe", "swrast", "Software Rasterizer"}) {
     if (r.find(s) != std::string::npos) return true;
   }
   return false;
+}
+
+// utime + stime of `pid` from /proc (all its threads), in seconds; nullopt when unreadable.
+std::optional<double> ProcessCpuSeconds(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return std::nullopt;
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
+  if (p == nullptr) return std::nullopt;
+  unsigned long long utime = 0, stime = 0;
+  // Fields after the name: state (3), ..., utime (14), stime (15).
+  if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime,
+                  &stime) != 2) {
+    return std::nullopt;
+  }
+  const long tick = ::sysconf(_SC_CLK_TCK);
+  return static_cast<double>(utime + stime) / static_cast<double>(tick > 0 ? tick : 100);
 }
 
 double Cpus() {
@@ -87,6 +114,9 @@ struct FrameHub::Agent {
   bool have_header = false;
   bool told_controlled = false;
   bool cpu_usage = false;        // its usage is its process's CPU time (a software renderer)
+  double proc_cpu_s = -1;        // its process's CPU time at the last period, read by gmuxd
+  double claimed_present_s = 0;  // every Present and CPU second it reported
+  double claimed_cpu_s = 0;
   core::SlaTenantState sla;
   int64_t since_ns = 0;
   int64_t last_end_ns = 0;       // the last Present end it reported (0: none yet)
@@ -108,7 +138,8 @@ struct FrameHub::Agent {
 };
 
 Result<std::unique_ptr<FrameHub>> FrameHub::Create(const FramesOptions& options,
-                                                   uint32_t max_per_uid) {
+                                                   uint32_t max_per_uid,
+                                                   const std::vector<std::string>& tenants) {
   core::FrameControllerOptions fc;
   fc.kp = options.kp;
   fc.ki = options.ki;
@@ -135,7 +166,9 @@ Result<std::unique_ptr<FrameHub>> FrameHub::Create(const FramesOptions& options,
   if (!(options.control_period_s > 0)) {
     return InvalidArgument("[frames] control_period_s must be > 0");
   }
-  return std::unique_ptr<FrameHub>(new FrameHub(options, max_per_uid));
+  auto hub = std::unique_ptr<FrameHub>(new FrameHub(options, max_per_uid));
+  hub->known_tenants_.insert(tenants.begin(), tenants.end());
+  return hub;
 }
 
 FrameHub::FrameHub(const FramesOptions& options, uint32_t max_per_uid)
@@ -332,6 +365,10 @@ bool FrameHub::OnReadable(Agent& a) {
         Drop(a, "malformed frame agent message: " + h.status().message());
         return false;
       }
+      if (h->kind != proto::FrameKind::kRequest) {
+        Drop(a, "a frame agent sends requests only");
+        return false;
+      }
       a.have_header = true;
       a.need = proto::kHeaderBytes + h->payload_bytes;
       continue;
@@ -378,6 +415,16 @@ bool FrameHub::OnMessage(Agent& a, const std::vector<uint8_t>& frame) {
     return false;
   }
   const int64_t now = NowNs();
+  // What an agent claims in total may not exceed what the daemon's clock allows since it came:
+  // its Present time the time elapsed, its CPU time the elapsed time on every CPU (1 s slack).
+  const double alive_s = static_cast<double>(now - a.since_ns) * 1e-9;
+  a.claimed_present_s += static_cast<double>(present_ns) * 1e-9;
+  a.claimed_cpu_s += static_cast<double>(proc_ns) * 1e-9;
+  if ((frames == 0 && present_ns != 0) || a.claimed_present_s > alive_s + 1.0 ||
+      a.claimed_cpu_s > (alive_s + 1.0) * Cpus()) {
+    Drop(a, "frame report: more frames or Present time than the time elapsed allows");
+    return false;
+  }
   if (frames > 0) {
     const int64_t end = static_cast<int64_t>(std::min<uint64_t>(present_end, INT64_MAX));
     const int64_t from = a.last_end_ns > 0 ? a.last_end_ns : a.since_ns - 1'000'000'000;
@@ -399,7 +446,8 @@ bool FrameHub::OnMessage(Agent& a, const std::vector<uint8_t>& frame) {
     a.p_present_s += static_cast<double>(present_ns) * 1e-9;
   }
   // Counted with or without frames (CPU spent before the first frame of a batch is still its).
-  a.p_cpu_s += std::min(static_cast<double>(proc_ns) * 1e-9, 3600.0);
+  // Used only where the daemon cannot read the process's CPU time itself (see Tick).
+  a.p_cpu_s += static_cast<double>(proc_ns) * 1e-9;
   if (seq == 0) return true;
   if (cpu_ns > 3600ull * 1'000'000'000) {
     Drop(a, "frame report: CPU time over an hour");
@@ -432,7 +480,16 @@ void FrameHub::Tick() {
       const double el = std::chrono::duration<double>(now - a->period_from).count();
       if (el < 1e-3) continue;
       a->fps = static_cast<double>(a->p_frames) / el;
-      a->usage = std::min(1.0, a->cpu_usage ? a->p_cpu_s / (el * Cpus()) : a->p_present_s / el);
+      // A software renderer's usage is its process's CPU time, read here from the kernel (the
+      // agent's connection's pid, from the kernel too), so an agent cannot claim another's.
+      double cpu_s = a->p_cpu_s;
+      if (a->cpu_usage) {
+        if (auto now_cpu = ProcessCpuSeconds(a->info.pid)) {
+          cpu_s = a->proc_cpu_s >= 0 ? std::max(0.0, *now_cpu - a->proc_cpu_s) : a->p_cpu_s;
+          a->proc_cpu_s = *now_cpu;
+        }
+      }
+      a->usage = std::min(1.0, a->cpu_usage ? cpu_s / (el * Cpus()) : a->p_present_s / el);
       a->sleep_ms = a->p_frames > 0 ? 1e3 * a->p_sleep_s / static_cast<double>(a->p_frames) : 0;
       a->present_ms = a->p_frames > 0 ? 1e3 * a->p_present_s / static_cast<double>(a->p_frames) : 0;
       a->p_frames = 0;
@@ -551,7 +608,7 @@ std::string FrameHub::StatusJsonLocked(std::optional<TenantId> tenant) const {
                         {"pole", core::ClosedLoopPole(options_.kp, options_.ki)},
                         {"agents_dropped", dropped_},
                         {"groups", groups}}
-      .dump();
+      .dump(-1, ' ', false, kReplaceBadUtf8);
 }
 
 std::string FrameHub::Op(const std::string& action, const std::string& policy,
@@ -561,7 +618,8 @@ std::string FrameHub::Op(const std::string& action, const std::string& policy,
   if (action == "list") return StatusJsonLocked(admin ? std::nullopt : caller);
   if (action != "policy" && action != "target") {
     return nlohmann::json{{"error", "unknown frames action '" + action +
-                                        "' (list, policy, target)"}}.dump();
+                                        "' (list, policy, target)"}}
+        .dump(-1, ' ', false, kReplaceBadUtf8);
   }
   if (!admin) {
     return R"({"error":"only root and admin_uids may change frame-rate policies or targets"})";
@@ -569,8 +627,12 @@ std::string FrameHub::Op(const std::string& action, const std::string& policy,
   if (action == "policy") {
     if (!core::ParseSlaKind(policy)) {
       return nlohmann::json{{"error", "unknown policy '" + policy + "' (none, sa, fsa, esa)"}}
-          .dump();
+          .dump(-1, ' ', false, kReplaceBadUtf8);
     }
+    // One override per renderer text, newest first; a bounded list.
+    std::erase_if(policy_overrides_, [&](const auto& o) { return o.first == renderer; });
+    if (renderer.empty()) policy_overrides_.clear();  // "every renderer" supersedes the rest
+    if (policy_overrides_.size() >= 256) policy_overrides_.pop_back();
     policy_overrides_.insert(policy_overrides_.begin(), {renderer, policy});
     int changed = 0;
     for (auto& [r, g] : groups_) {
@@ -589,10 +651,21 @@ std::string FrameHub::Op(const std::string& action, const std::string& policy,
     char c = 1;
     (void)!::write(wake_pipe_[1], &c, 1);
     return nlohmann::json{{"ok", true}, {"policy", policy}, {"renderer", renderer},
-                          {"groups_changed", changed}}.dump();
+                          {"groups_changed", changed}}.dump(-1, ' ', false, kReplaceBadUtf8);
   }
   if (tenant.empty()) return R"({"error":"frames target: name a tenant"})";
-  if (!(fps >= 0 && fps <= 1000)) return R"({"error":"frames target: FPS must be in [0, 1000]"})";
+  if (!(fps == 0 || (fps >= options_.min_fps && fps <= options_.max_fps))) {
+    return nlohmann::json{{"error", "frames target: FPS must be 0 (the criterion) or between "
+                                        "min_fps and max_fps of [frames]"}}
+        .dump(-1, ' ', false, kReplaceBadUtf8);
+  }
+  bool known = known_tenants_.count(tenant) != 0;
+  for (const auto& a : agents_) known = known || (!a->dead && a->info.tenant_name == tenant);
+  if (!known) {
+    return nlohmann::json{{"error", "frames target: no tenant '" + tenant +
+                                        "' in the config or with a frame agent now"}}
+        .dump(-1, ' ', false, kReplaceBadUtf8);
+  }
   target_overrides_[tenant] = fps;
   int agents = 0;
   for (auto& a : agents_) agents += !a->dead && a->info.tenant_name == tenant ? 1 : 0;
@@ -600,7 +673,7 @@ std::string FrameHub::Op(const std::string& action, const std::string& policy,
   char c = 1;
   (void)!::write(wake_pipe_[1], &c, 1);
   return nlohmann::json{{"ok", true}, {"tenant", tenant}, {"fps_target", fps},
-                        {"agents", agents}}.dump();
+                        {"agents", agents}}.dump(-1, ' ', false, kReplaceBadUtf8);
 }
 
 }  // namespace gmux::daemon

@@ -9,9 +9,11 @@
 //   - per device group (agents whose GL_RENDERER is the same), a core::SlaPolicy (none, SA, FSA,
 //     ESA) that every control period measures each agent's frame rate and device usage (its
 //     Present execution times over the period) and sets the references.
-// The agents' own reports are the only inputs; what an agent claims is bounded (times move
-// forward, at most 100 000 frames per second, Present within the elapsed time), so a lying agent
-// can only misstate its own tenant's frames. A malformed message, a bound broken, or an agent
+// The agents' reports are the inputs, bounded by the daemon's clock (times move forward, at most
+// 100 000 frames per second, no more Present or CPU time in total than has elapsed); a software
+// renderer's usage is read from the kernel (/proc/PID/stat of the connection's peer), not taken
+// from the agent. What an agent can still misstate is its own frames, and under `present` usage
+// its own Present times, which ESA's common rate for its group uses (docs/policies.md). A malformed message, a bound broken, or an agent
 // that does not read its replies ends that agent's connection only.
 //
 // Thread-safe: Adopt, Status and Op may be called from any thread.
@@ -26,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,8 +52,10 @@ class FrameHub {
   };
 
   // kInvalidArgument for options the controller or a policy refuses.
+  // `tenants`: the config's tenant names (targets may be set for them before they connect).
   static Result<std::unique_ptr<FrameHub>> Create(const FramesOptions& options,
-                                                  uint32_t max_per_uid);
+                                                  uint32_t max_per_uid,
+                                                  const std::vector<std::string>& tenants = {});
   ~FrameHub();
 
   Status Start();
@@ -100,7 +105,8 @@ class FrameHub {
   std::map<std::string, std::unique_ptr<Group>> groups_;   // by renderer
   // Run-time policy overrides (gmux frames policy), newest first, before the config's.
   std::vector<std::pair<std::string, std::string>> policy_overrides_;
-  std::map<std::string, double> target_overrides_;  // by tenant name
+  std::map<std::string, double> target_overrides_;  // by tenant name (known tenants only)
+  std::set<std::string> known_tenants_;
   bool dirty_ = false;  // an Op changed references: re-run the policies now
   uint64_t next_id_ = 1;
   uint64_t dropped_ = 0;

@@ -506,6 +506,7 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
         TenantStats& ts = t->second;
         if (ts.inflight > 0) --ts.inflight;
         ts.device_time_s += ToSeconds(used);
+        d.busy_s += ToSeconds(used);
         if (f.unsplit_kernel) ts.unsplit_kernel_s += ToSeconds(used);
         ts.processed_items += f.range.size();
         if (f.last) ++ts.completed;
@@ -1135,6 +1136,7 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
                              : json(nullptr)},
                         {"held_commands", d.held.size()},
                         {"dispatches", d.dispatches},
+                        {"busy_s", d.busy_s},
                         // Others' use is not a tenant's business; the capacity is.
                         {"memory_capacity", d.mem_capacity},
                         {"memory_used", only ? json(nullptr) : json(d.mem_used)}});

@@ -182,6 +182,7 @@ class Scheduler {
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;
     uint64_t dispatches = 0;
+    double busy_s = 0;  // device time of the dispatches completed here (every tenant's)
     std::unordered_map<BlockId, Queued> queued;  // in the policy
     std::deque<Flight> inflight;                 // in release order
     TimePoint head_since{};                      // when the oldest dispatch became the oldest

@@ -90,8 +90,11 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   s->options_ = options;
   s->socket_path_ = options.socket_path.empty() ? DefaultSocketPath() : options.socket_path;
   GMUX_ASSIGN_OR_RETURN(s->backend_, Backend::Open(options.backend));
-  GMUX_ASSIGN_OR_RETURN(s->frames_,
-                        FrameHub::Create(options.frames, options.max_connections_per_identity));
+  std::vector<std::string> tenant_names;
+  for (const auto& t : options.tenants) tenant_names.push_back(t.name);
+  GMUX_ASSIGN_OR_RETURN(s->frames_, FrameHub::Create(options.frames,
+                                                     options.max_connections_per_identity,
+                                                     tenant_names));
   std::vector<core::DeviceInfo> devices;
   for (cl_device_id d : s->backend_->devices()) devices.push_back(DescribeDevice(*s->backend_, d));
   core::PolicySpec spec{options.policy, options.policy_params, {}};
@@ -168,6 +171,15 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
 Server::~Server() { Stop(); }
 
 Status Server::Start() {
+  // The metrics endpoint first: a port it cannot have fails the start before anything runs.
+  // (Scrapes before the threads start see an idle daemon.)
+  if (!options_.metrics_listen.empty() && !metrics_) {
+    MetricsEndpoint::Sources src;
+    src.scheduler = [this] { return scheduler_->Status(); };
+    src.frames = [this] { return frames_->StatusJson(std::nullopt); };
+    src.sessions = [this] { return static_cast<uint64_t>(SessionCount()); };
+    GMUX_ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(options_.metrics_listen, std::move(src)));
+  }
   sockaddr_un addr{};
   if (socket_path_.size() >= sizeof(addr.sun_path)) {
     return InvalidArgument("socket path too long: " + socket_path_);
@@ -260,6 +272,7 @@ Status Server::StartTcp() {
 
 void Server::Stop() {
   if (stopping_.exchange(true)) return;
+  metrics_.reset();  // no scrape reads the scheduler while it stops
   if (thread_.joinable()) {
     char c = 1;
     (void)!::write(wake_pipe_[1], &c, 1);
@@ -757,7 +770,8 @@ void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
       if (!p.admin) {
         answer = R"({"error":"only root and admin_uids may lease for another tenant"})";
       } else if (known == options_.tenants.end() && op.tenant != options_.default_tenant) {
-        answer = nlohmann::json{{"error", "no tenant '" + op.tenant + "' in the config"}}.dump();
+        answer = nlohmann::json{{"error", "no tenant '" + op.tenant + "' in the config"}}.dump(
+            -1, ' ', false, nlohmann::json::error_handler_t::replace);
       } else {
         name = op.tenant;
         auto it = tenant_ids_.find(name);
@@ -778,7 +792,8 @@ void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
     answer = scheduler_->LeaseRelease(p.tenant_id, p.admin, op.id);
   } else {
     answer = nlohmann::json{{"error", "unknown lease action '" + op.action +
-                                          "' (acquire, release, list)"}}.dump();
+                                          "' (acquire, release, list)"}}
+                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   capnp::MallocMessageBuilder b;
   auto rep = b.initRoot<wire::Reply>();
@@ -808,12 +823,19 @@ bool Server::AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& progra
     ReplyError(p.fd, seq, "gmuxd: " + can.message());
     return false;
   }
+  // Shown in logs and tables: control characters become '?'.
+  auto printable = [](std::string t) {
+    for (char& c : t) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    }
+    return t;
+  };
   FrameHub::AgentInfo info;
   info.tenant = p.tenant_id;
   info.tenant_name = p.tenant.name;
   info.uid = p.uid;
-  info.program = program;
-  info.renderer = renderer;
+  info.program = printable(program);
+  info.renderer = printable(renderer);
   info.fps_target = p.tenant.fps_target;
   ucred cred{};
   socklen_t len = sizeof(cred);

@@ -35,6 +35,7 @@
 #include "daemon/backend.h"
 #include "daemon/config.h"
 #include "daemon/frame_hub.h"
+#include "daemon/metrics_endpoint.h"
 #include "daemon/scheduler.h"
 
 namespace gmux::daemon {
@@ -52,6 +53,8 @@ class Server {
   const std::string& socket_path() const { return socket_path_; }
   // The TCP port bound (the real one when the config asked for port 0); 0 without TCP.
   uint16_t tcp_port() const { return tcp_port_; }
+  // The Prometheus endpoint's port (the real one for port 0); 0 when metrics are off.
+  uint16_t metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   const Backend& backend() const { return *backend_; }
   // Identified sessions now served by a worker.
   size_t SessionCount() const;
@@ -141,6 +144,7 @@ class Server {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<FrameHub> frames_;  // frame agents (vGASA)
+  std::unique_ptr<MetricsEndpoint> metrics_;  // [daemon] metrics_listen
   int listen_fd_ = -1;
   int tcp_fd_ = -1;
   uint16_t tcp_port_ = 0;

@@ -32,6 +32,7 @@
 #include <GL/glx.h>
 // clang-format on
 #include <dlfcn.h>
+#include <elf.h>
 #include <link.h>
 #include <poll.h>
 #include <pthread.h>
@@ -59,6 +60,7 @@ constexpr int64_t kBatchNs = 5'000'000;         // uncontrolled: report at most 
 constexpr int64_t kRetryNs = 2'000'000'000;     // a new connection attempt after 2 s
 constexpr int kDecisionTimeoutMs = 250;         // a decision later than this: run uncontrolled
 constexpr uint64_t kMaxSleepNs = 1'000'000'000;  // never sleep more than 1 s per frame
+constexpr int64_t kUnansweredBackoffNs = 1'000'000'000;  // uncontrolled this long after a timeout
 
 int64_t NowNs() {
   timespec ts{};
@@ -91,6 +93,75 @@ std::atomic<void*> g_glx_gpa_seen{nullptr};
 std::atomic<void*> g_glx_gpa_arb_seen{nullptr};
 std::atomic<void*> g_egl_gpa_seen{nullptr};
 
+// The first definition of `name` (a function) in the loaded objects, in load order, found by
+// reading their dynamic symbol tables (GNU hash) rather than with dlsym: a dlsym from this
+// library (loaded at start, never unloaded) that finds a symbol in a library the program opened
+// marks that library undeletable, so a program that closes libGL and opens it again would find
+// half of it still loaded and fail. nullptr when no object defines it.
+struct Lookup {
+  const char* name;
+  uint32_t hash;
+  void* found;
+};
+
+uint32_t GnuHash(const char* s) {
+  uint32_t h = 5381;
+  for (; *s != '\0'; ++s) h = h * 33 + static_cast<unsigned char>(*s);
+  return h;
+}
+
+int FindInObject(dl_phdr_info* info, size_t, void* data) {
+  auto* q = static_cast<Lookup*>(data);
+  if (q->found != nullptr) return 1;
+  const ElfW(Dyn)* dyn = nullptr;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) {
+      dyn = reinterpret_cast<const ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    }
+  }
+  if (dyn == nullptr) return 0;
+  const ElfW(Addr) base = info->dlpi_addr;
+  // The loader relocates these entries in place, except in read-only dynamic sections (vDSO).
+  auto ptr = [base](ElfW(Addr) p) { return p < base ? p + base : p; };
+  const ElfW(Sym)* symtab = nullptr;
+  const char* strtab = nullptr;
+  const uint32_t* gnu_hash = nullptr;
+  for (const ElfW(Dyn)* d = dyn; d->d_tag != DT_NULL; ++d) {
+    if (d->d_tag == DT_SYMTAB) symtab = reinterpret_cast<const ElfW(Sym)*>(ptr(d->d_un.d_ptr));
+    if (d->d_tag == DT_STRTAB) strtab = reinterpret_cast<const char*>(ptr(d->d_un.d_ptr));
+    if (d->d_tag == DT_GNU_HASH) gnu_hash = reinterpret_cast<const uint32_t*>(ptr(d->d_un.d_ptr));
+  }
+  if (symtab == nullptr || strtab == nullptr || gnu_hash == nullptr) return 0;
+  const uint32_t nbuckets = gnu_hash[0], symoffset = gnu_hash[1], bloom_size = gnu_hash[2];
+  if (nbuckets == 0) return 0;
+  const auto* bloom = reinterpret_cast<const ElfW(Addr)*>(gnu_hash + 4);
+  const uint32_t* buckets = reinterpret_cast<const uint32_t*>(bloom + bloom_size);
+  const uint32_t* chain = buckets + nbuckets;
+  uint32_t i = buckets[q->hash % nbuckets];
+  if (i < symoffset) return 0;
+  for (;; ++i) {
+    const uint32_t h = chain[i - symoffset];
+    if ((h | 1) == (q->hash | 1)) {
+      const ElfW(Sym)& sym = symtab[i];
+      if (sym.st_shndx != SHN_UNDEF && (sym.st_info & 0xf) == STT_FUNC &&
+          std::strcmp(strtab + sym.st_name, q->name) == 0) {
+        q->found = reinterpret_cast<void*>(base + sym.st_value);
+        return 1;
+      }
+    }
+    if ((h & 1) != 0) break;
+  }
+  return 0;
+}
+
+// A GL function for the program's current context, looked up at every use (nothing of a
+// library the program may close is kept).
+void* GlFunction(const char* name) {
+  Lookup q{name, GnuHash(name), nullptr};
+  ::dl_iterate_phdr(FindInObject, &q);
+  return q.found;
+}
+
 bool EnvIs(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
@@ -111,6 +182,7 @@ struct State {
   bool connecting = false;
   int64_t next_try_ns = 0;
   bool controlled = false;
+  int64_t unanswered_until_ns = 0;  // no decisions asked for until then
   double reference = 0;  // the reference of the last decision (0: uncontrolled)
   uint64_t seq = 0;
   int64_t last_end_ns = 0;
@@ -196,6 +268,7 @@ int Connect(const std::string& renderer) {
   }
   timeval none{0, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
   return fd;
 }
 
@@ -214,15 +287,7 @@ void MaybeConnect(State& s, int64_t now) {
   s.connecting = true;
   std::string renderer = "?";
   using GetString = const GLubyte* (*)(GLenum);
-  auto gs = reinterpret_cast<GetString>(RealDlsym()(RTLD_DEFAULT, "glGetString"));
-  // A program that opened its GL library privately: look in the usual ones it may have opened.
-  for (const char* lib : {"libGLESv2.so.2", "libGL.so.1", "libOpenGL.so.0"}) {
-    if (gs != nullptr) break;
-    if (void* h = ::dlopen(lib, RTLD_LAZY | RTLD_NOLOAD)) {
-      gs = reinterpret_cast<GetString>(RealDlsym()(h, "glGetString"));
-      ::dlclose(h);
-    }
-  }
+  auto gs = reinterpret_cast<GetString>(GlFunction("glGetString"));
   if (gs != nullptr) {
     if (const GLubyte* r = gs(GL_RENDERER)) renderer = reinterpret_cast<const char*>(r);
   }
@@ -263,9 +328,11 @@ bool SendReport(State& s, uint64_t seq, uint64_t cpu_ns) {
   f.setProcessCpuNs(static_cast<uint64_t>(std::max<int64_t>(0, proc - s.last_proc_cpu_ns)));
   auto bytes = gmux::proto::EncodeFrame(gmux::proto::FrameKind::kRequest, b);
   if (!bytes.ok()) return false;
-  ssize_t n = ::send(s.fd, bytes->data(), bytes->size(), MSG_NOSIGNAL);
+  // Never waits: a daemon that does not read (stalled) leaves the frames for a later report.
+  ssize_t n = ::send(s.fd, bytes->data(), bytes->size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
   if (n != static_cast<ssize_t>(bytes->size())) {
-    Disconnect(s, "send failed");
+    Disconnect(s, "send failed");  // also a partial message: the stream cannot be resumed
     return false;
   }
   s.pend_frames = 0;
@@ -277,8 +344,10 @@ bool SendReport(State& s, uint64_t seq, uint64_t cpu_ns) {
 
 // Reads gmuxd's messages. With `want` != 0, waits (up to the decision timeout) for the reply
 // with that seq and returns its sleep; otherwise takes what has arrived and returns 0. Control
-// messages (seq 0) update s.controlled on the way.
-uint64_t Receive(State& s, uint64_t want) {
+// messages (seq 0) update s.controlled on the way. `*answered` (when given) says whether the
+// reply came.
+uint64_t Receive(State& s, uint64_t want, bool* answered = nullptr) {
+  if (answered != nullptr) *answered = false;
   const int64_t deadline = NowNs() + int64_t{kDecisionTimeoutMs} * 1'000'000;
   for (;;) {
     if (s.fd < 0) return 0;
@@ -328,6 +397,7 @@ uint64_t Receive(State& s, uint64_t want) {
       }
       if (seq == want) {
         s.reference = reference;
+        if (answered != nullptr) *answered = true;
         return std::min(sleep_ns, kMaxSleepNs);
       }
     }
@@ -401,13 +471,16 @@ auto OnSwap(F&& real_swap) {
     std::lock_guard<std::mutex> lock(s.mu);
     MaybeConnect(s, t_call);
     s.reference = 0;
-    if (s.fd >= 0 && s.controlled) {
+    // After a decision that came late (or could not be asked), the program runs uncontrolled
+    // for a second rather than waiting at every frame for a daemon that is stalled.
+    if (s.fd >= 0 && s.controlled && t_call >= s.unanswered_until_ns) {
       const uint64_t cpu = s.last_end_ns > 0 ? static_cast<uint64_t>(t_call - s.last_end_ns) : 0;
       using Flush = void (*)();
-      static Flush flush = reinterpret_cast<Flush>(RealDlsym()(RTLD_DEFAULT, "glFlush"));
-      if (flush != nullptr) flush();
+      if (auto flush = reinterpret_cast<Flush>(GlFunction("glFlush"))) flush();
       const uint64_t seq = ++s.seq;
-      if (SendReport(s, seq, cpu)) sleep_ns = Receive(s, seq);
+      bool answered = false;
+      if (SendReport(s, seq, cpu)) sleep_ns = Receive(s, seq, &answered);
+      if (!answered) s.unanswered_until_ns = NowNs() + kUnansweredBackoffNs;
     }
   }
   if (sleep_ns > 0) {
@@ -420,8 +493,7 @@ auto OnSwap(F&& real_swap) {
   auto result = real_swap();
   if (s.finish) {
     using Finish = void (*)();
-    static Finish finish = reinterpret_cast<Finish>(RealDlsym()(RTLD_DEFAULT, "glFinish"));
-    if (finish != nullptr) finish();
+    if (auto finish = reinterpret_cast<Finish>(GlFunction("glFinish"))) finish();
   }
   const int64_t t1 = NowNs();
   {
@@ -441,40 +513,18 @@ auto OnSwap(F&& real_swap) {
     ++s.pend_frames;
     s.pend_present_ns += static_cast<uint64_t>(t1 - t0);
     s.pend_end_ns = t1;
-    if (s.fd >= 0 && !s.controlled && t1 - s.last_sent_ns >= kBatchNs) {
+    const bool asking = s.controlled && t1 >= s.unanswered_until_ns;
+    if (s.fd >= 0 && !asking && t1 - s.last_sent_ns >= kBatchNs) {
       if (SendReport(s, 0, 0)) Receive(s, 0);
     }
   }
   return result;
 }
 
-// dlsym(RTLD_NEXT, name) on behalf of the code at `caller`: the first definition of `name` in
-// the objects loaded after the caller's, in load order (the main namespace's search order).
-void* NextAfter(const void* caller, const char* name) {
-  Dl_info info{};
-  link_map* map = nullptr;
-  if (::dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 ||
-      map == nullptr) {
-    return nullptr;
-  }
-  for (link_map* m = map->l_next; m != nullptr; m = m->l_next) {
-    if (m->l_name == nullptr || m->l_name[0] == '\0') continue;
-    void* h = ::dlopen(m->l_name, RTLD_LAZY | RTLD_NOLOAD);
-    if (h == nullptr) continue;
-    void* f = RealDlsym()(h, name);
-    ::dlclose(h);
-    // An object's own definition only (a lookup on its handle also searches its dependencies).
-    Dl_info where{};
-    if (f != nullptr && ::dladdr(f, &where) != 0 && where.dli_fname != nullptr &&
-        std::strcmp(where.dli_fname, m->l_name) == 0) {
-      return f;
-    }
-  }
-  return nullptr;
-}
-
-// The real `name`: the one the program's own dlsym found, else the next definition after this
-// library, else in `library` if the process loaded it privately.
+// The real `name`: the one the program's own dlsym found last (a program may unload its GL
+// library and load it again: nothing older is kept), else the next definition after this
+// library, else in `library` if the process loaded it privately. Looked up at every call: a
+// dlsym costs tens of nanoseconds against a frame's milliseconds.
 template <typename Fn>
 Fn Next(const char* name, const char* library, const std::atomic<void*>* seen) {
   void* f = seen != nullptr ? seen->load() : nullptr;
@@ -501,14 +551,9 @@ extern "C" {
 
 __attribute__((visibility("default"))) void glXSwapBuffers(Display* dpy, GLXDrawable drawable) {
   using Fn = void (*)(Display*, GLXDrawable);
-  static std::atomic<Fn> real{nullptr};
-  Fn f = real.load(std::memory_order_relaxed);
-  if (f == nullptr) {
-    f = Next<Fn>("glXSwapBuffers", "libGLX.so.0", &g_glx_swap_seen);
-    if (f == nullptr) f = Next<Fn>("glXSwapBuffers", "libGL.so.1", nullptr);
-    if (f == nullptr) return;
-    real.store(f);
-  }
+  Fn f = Next<Fn>("glXSwapBuffers", "libGLX.so.0", &g_glx_swap_seen);
+  if (f == nullptr) f = Next<Fn>("glXSwapBuffers", "libGL.so.1", nullptr);
+  if (f == nullptr) return;
   OnSwap([&] {
     f(dpy, drawable);
     return 0;
@@ -518,13 +563,8 @@ __attribute__((visibility("default"))) void glXSwapBuffers(Display* dpy, GLXDraw
 __attribute__((visibility("default"))) EGLBoolean eglSwapBuffers(EGLDisplay dpy,
                                                                  EGLSurface surface) {
   using Fn = EGLBoolean (*)(EGLDisplay, EGLSurface);
-  static std::atomic<Fn> real{nullptr};
-  Fn f = real.load(std::memory_order_relaxed);
-  if (f == nullptr) {
-    f = Next<Fn>("eglSwapBuffers", "libEGL.so.1", &g_egl_swap_seen);
-    if (f == nullptr) return EGL_FALSE;
-    real.store(f);
-  }
+  Fn f = Next<Fn>("eglSwapBuffers", "libEGL.so.1", &g_egl_swap_seen);
+  if (f == nullptr) return EGL_FALSE;
   return OnSwap([&] { return f(dpy, surface); });
 }
 
@@ -557,16 +597,20 @@ __attribute__((visibility("default"))) __eglMustCastToProperFunctionPointerType 
 }
 
 // Programs that open the GL library themselves and look the swap up with dlsym (glmark2,
-// SDL, GLFW) would bypass the interposition above; their lookups of the interposed names get
-// this library's functions, and the real ones are remembered for the call through.
+// SDL, GLFW) would bypass the interposition above; their lookups of the interposed names on a
+// library handle (or RTLD_DEFAULT) get this library's functions, and the real ones are
+// remembered for the call through. Everything else, and every RTLD_NEXT lookup (another
+// interposer asking for the next definition must get it, not this library's), goes to the real
+// dlsym as a tail call: the dynamic linker finds the caller from the return address, which is
+// then still the program's, so RTLD_NEXT, RTLD_DEFAULT's scope and dlerror() keep their meaning.
+// Nothing here allocates, so malloc wrappers that call dlsym are safe.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
-__attribute__((visibility("default"), noinline)) void* dlsym(void* handle, const char* name) {
+__attribute__((visibility("default"), noinline, optimize("optimize-sibling-calls"))) void* dlsym(
+    void* handle, const char* name) {
   DlsymFn real = RealDlsym();
-  if (real == nullptr || name == nullptr) return nullptr;
-  // RTLD_NEXT means "after the caller", and the dynamic linker finds the caller from the return
-  // address, which would now be this library: the search is done here, for the real caller.
-  if (handle == RTLD_NEXT) return NextAfter(__builtin_return_address(0), name);
+  if (real == nullptr) return nullptr;
+  if (name == nullptr || handle == RTLD_NEXT) return real(handle, name);
   struct Hook {
     const char* name;
     void* ours;
@@ -584,8 +628,7 @@ __attribute__((visibility("default"), noinline)) void* dlsym(void* handle, const
     if (std::strcmp(name, h.name) != 0) continue;
     void* found = real(handle, name);
     if (found == nullptr || found == h.ours) return found;
-    void* none = nullptr;
-    h.seen->compare_exchange_strong(none, found);
+    h.seen->store(found);
     return h.ours;
   }
   return real(handle, name);

@@ -286,5 +286,16 @@ TEST(DaemonConfigTest, FramesPolicyTargetsAndControllerGains) {
   EXPECT_NE(bad_key.status().message().find("fps"), std::string::npos);
 }
 
+TEST(DaemonConfigTest, MetricsListenIsAHostAndPort) {
+  auto o = ParseDaemonConfig("[daemon]\nmetrics_listen = \"127.0.0.1:9400\"\n", "g.toml");
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->metrics_listen, "127.0.0.1:9400");
+  EXPECT_TRUE(ParseDaemonConfig("", "g.toml")->metrics_listen.empty());  // off by default
+  auto bad = ParseDaemonConfig("[daemon]\nmetrics_listen = \"9400\"\n", "g.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("g.toml:2"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("metrics_listen"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace gmux::daemon

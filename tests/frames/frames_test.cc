@@ -265,6 +265,25 @@ TEST_F(FramesTest, SaBringsAFreeRunningProgramToItsTargetAndNoneLetsItGo) {
   EXPECT_EQ(st.value("criterion_fps", 0.0), 30.0);
 }
 
+TEST_F(FramesTest, TheDynamicLinkerKeepsItsMeaningWithTheAgentLoaded) {
+  // A program that opens libGL itself, swaps, closes it and opens it again (the agent keeps
+  // nothing of a closed libGL, and pins none of it).
+  std::vector<std::string> env = Env(dir_ + "/reload.log");
+  pid_t pid = Spawn({DL_PROBE_PATH, "reload", "3"}, env, dir_ + "/reload.out");
+  EXPECT_EQ(Wait(pid, std::chrono::seconds(60)), 0) << Slurp(dir_ + "/reload.out");
+  EXPECT_EQ(ReadLog(dir_ + "/reload.log").size(), 30u);  // every swap of the three rounds seen
+  // RTLD_NEXT from a plugin, and dlerror() for a missing symbol.
+  pid = Spawn({DL_PROBE_PATH, "next", DL_PROBE_PLUGIN_PATH}, env, dir_ + "/next.out");
+  EXPECT_EQ(Wait(pid, std::chrono::seconds(30)), 0) << Slurp(dir_ + "/next.out");
+  // A naive malloc wrapper (dlsym(RTLD_NEXT) on first use) before and after the agent.
+  for (const std::string& order :
+       {std::string(DL_NAIVE_MALLOC_PATH) + ":" + GMUX_FRAME_PATH,
+        std::string(GMUX_FRAME_PATH) + ":" + DL_NAIVE_MALLOC_PATH}) {
+    pid = Spawn({"/bin/ls", "/"}, {"LD_PRELOAD=" + order}, dir_ + "/ls.out");
+    EXPECT_EQ(Wait(pid, std::chrono::seconds(30)), 0) << order << ": " << Slurp(dir_ + "/ls.out");
+  }
+}
+
 // `gmux demo frames` end to end, short: its JSON has every phase asked for and every program.
 TEST(DemoFramesTest, RunsEndToEndWithJson) {
   if (::access("/usr/bin/Xvfb", X_OK) != 0) GTEST_SKIP() << "Xvfb is not installed";

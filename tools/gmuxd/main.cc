@@ -68,6 +68,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gmuxd: listening on TCP %s, port %u\n", options.listen.c_str(),
                  static_cast<unsigned>((*server)->tcp_port()));
   }
+  if ((*server)->metrics_port() != 0) {
+    std::fprintf(stderr, "gmuxd: Prometheus metrics at %s (port %u), path /metrics\n",
+                 options.metrics_listen.c_str(), static_cast<unsigned>((*server)->metrics_port()));
+  }
   if (!port_file.empty()) {
     // Written to a temporary name and renamed, so a reader never sees a partial port.
     std::string tmp = port_file + ".tmp";
