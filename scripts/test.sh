@@ -50,7 +50,7 @@ reports_dir() {
 configure_and_build() {
   local dir="$1"
   shift
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMUX_WERROR=ON "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
 }
 
@@ -104,7 +104,8 @@ stage_tsan() {
   for f in tests/runtime/*_test.cc; do
     [[ "$(basename "$f")" =~ ^(clpeak|tools)_test ]] || tests+=("$(basename "$f" .cc)")
   done
-  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMUX_SANITIZE=thread \
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMUX_WERROR=ON \
+    -DGMUX_SANITIZE=thread \
     -DGMUX_BUILD_BENCH=OFF >/dev/null
   cmake --build build-tsan -j "$jobs" --target gmuxd gmux-worker gmux-icd gmux "${tests[@]}"
   mark build
@@ -126,6 +127,7 @@ stage_tsan() {
 
 stage_fuzz() {
   CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DGMUX_WERROR=ON \
     -DGMUX_SANITIZE=address,undefined -DGMUX_FUZZ=ON -DGMUX_BUILD_TESTS=OFF \
     -DGMUX_BUILD_BENCH=OFF >/dev/null
   cmake --build build-fuzz -j "$jobs" --target gmux_fuzzers

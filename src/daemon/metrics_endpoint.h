@@ -5,8 +5,8 @@
 // scrape it takes a snapshot of the state `gmux status --json` shows (the scheduler's and the
 // frame controller's JSON) and turns it into metric families, so a scrape costs what one
 // `gmux status` costs and an unscraped endpoint costs nothing. The metric names and labels are
-// listed in docs/operations.md ("Metrics"); counters are monotonic for the daemon's lifetime (they restart
-// at zero with gmuxd, as Prometheus expects of a process's counters).
+// listed in docs/operations.md ("Metrics"); counters are monotonic for the daemon's lifetime
+// (they restart at zero with gmuxd, as Prometheus expects of a process's counters).
 //
 // The endpoint shows every tenant's usage: bind it to loopback or a network only operators
 // reach. Thread-safe; the snapshot sources are called from the listener's thread.
