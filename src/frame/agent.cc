@@ -13,7 +13,7 @@
 //      controller predicts the next frame's from; GMUX_FRAME_FINISH=1 adds a glFinish for drivers
 //      whose swap returns before the frame is drawn);
 //   4. reports the frame: every frame when controlled (with the next frame's request), batched
-//      every 5 ms otherwise, one-way, so an uncontrolled program never waits for gmuxd.
+//      every 25 ms otherwise, one-way, so an uncontrolled program never waits for gmuxd.
 // gmuxd tells the agent, unasked, when it comes under control or leaves it.
 //
 // Connection: like the OpenCL ICD, to GMUX_SOCKET or /run/gmux/gmuxd.sock; the program's uid
@@ -56,7 +56,7 @@ namespace {
 
 namespace wire = gmux::proto::wire;
 
-constexpr int64_t kBatchNs = 5'000'000;         // uncontrolled: report at most every 5 ms
+constexpr int64_t kBatchNs = 25'000'000;        // uncontrolled: report at most every 25 ms
 constexpr int64_t kRetryNs = 2'000'000'000;     // a new connection attempt after 2 s
 constexpr int kDecisionTimeoutMs = 250;         // a decision later than this: run uncontrolled
 constexpr uint64_t kMaxSleepNs = 1'000'000'000;  // never sleep more than 1 s per frame
@@ -525,10 +525,17 @@ auto OnSwap(F&& real_swap) {
 // library and load it again: nothing older is kept), else the next definition after this
 // library, else in `library` if the process loaded it privately. Looked up at every call: a
 // dlsym costs tens of nanoseconds against a frame's milliseconds.
+// `next` caches the RTLD_NEXT answer: a program that calls the swap by name without having
+// fetched it with dlsym linked its GL library at start, and that one is never unloaded.
 template <typename Fn>
-Fn Next(const char* name, const char* library, const std::atomic<void*>* seen) {
+Fn Next(const char* name, const char* library, const std::atomic<void*>* seen,
+        std::atomic<void*>* next = nullptr) {
   void* f = seen != nullptr ? seen->load() : nullptr;
-  if (f == nullptr) f = RealDlsym()(RTLD_NEXT, name);
+  if (f == nullptr && next != nullptr) f = next->load(std::memory_order_relaxed);
+  if (f == nullptr) {
+    f = RealDlsym()(RTLD_NEXT, name);
+    if (f != nullptr && next != nullptr) next->store(f, std::memory_order_relaxed);
+  }
   if (f == nullptr) {
     if (void* h = ::dlopen(library, RTLD_LAZY | RTLD_NOLOAD)) {
       f = RealDlsym()(h, name);
@@ -551,7 +558,8 @@ extern "C" {
 
 __attribute__((visibility("default"))) void glXSwapBuffers(Display* dpy, GLXDrawable drawable) {
   using Fn = void (*)(Display*, GLXDrawable);
-  Fn f = Next<Fn>("glXSwapBuffers", "libGLX.so.0", &g_glx_swap_seen);
+  static std::atomic<void*> next{nullptr};
+  Fn f = Next<Fn>("glXSwapBuffers", "libGLX.so.0", &g_glx_swap_seen, &next);
   if (f == nullptr) f = Next<Fn>("glXSwapBuffers", "libGL.so.1", nullptr);
   if (f == nullptr) return;
   OnSwap([&] {
@@ -563,7 +571,8 @@ __attribute__((visibility("default"))) void glXSwapBuffers(Display* dpy, GLXDraw
 __attribute__((visibility("default"))) EGLBoolean eglSwapBuffers(EGLDisplay dpy,
                                                                  EGLSurface surface) {
   using Fn = EGLBoolean (*)(EGLDisplay, EGLSurface);
-  Fn f = Next<Fn>("eglSwapBuffers", "libEGL.so.1", &g_egl_swap_seen);
+  static std::atomic<void*> next{nullptr};
+  Fn f = Next<Fn>("eglSwapBuffers", "libEGL.so.1", &g_egl_swap_seen, &next);
   if (f == nullptr) return EGL_FALSE;
   return OnSwap([&] { return f(dpy, surface); });
 }

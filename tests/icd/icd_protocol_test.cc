@@ -10,6 +10,7 @@
 // returned on stderr and exits 0 only when every call returned.
 #include <capnp/any.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -197,8 +198,8 @@ TEST_F(IcdBadReplyTest, ReadDataBeyondTheDestinationIsAnErrorAndNothingIsWritten
   EXPECT_EQ(dst, std::vector<uint8_t>(48, 0x00));
   EXPECT_EQ(cl().clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, 32, dst.data(), 0, nullptr, nullptr),
             CL_SUCCESS);
-  std::vector<uint8_t> want(32, 0x5A);
-  want.resize(48, 0x00);
+  std::vector<uint8_t> want(48, 0x00);
+  std::fill_n(want.begin(), 32, uint8_t{0x5A});
   EXPECT_EQ(dst, want);
   EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
 }

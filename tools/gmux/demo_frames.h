@@ -22,8 +22,8 @@ struct DemoFramesOptions {
   double target_usage = 0.7;             // ESA's planned share of the CPU "device"
   bool step = true;                      // the PI step-response phase
   bool overhead = true;                  // the agent-overhead phase
-  double overhead_s = 4;                 // per run of the overhead phase
-  int overhead_pairs = 3;                // runs without and with the agent, alternated
+  double overhead_s = 3;                 // per run of the overhead phase
+  int overhead_pairs = 7;                // runs without and with the agent, alternated
 };
 
 int RunDemoFrames(const DemoFramesOptions& options);
