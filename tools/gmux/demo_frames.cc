@@ -467,6 +467,18 @@ int RunDemoFrames(const DemoFramesOptions& o) {
         ++an;
       }
       sj["fps_after"] = an > 0 ? after / an : 0.0;
+      // The step as a series (Fig. 8's view): per frame from 30 before the step to 60 after,
+      // the frame's rate, the five-frame rate and the reference in force.
+      json series = json::array();
+      for (size_t i = first >= 30 ? first - 30 : 6; i < frames.size() && i < first + 60; ++i) {
+        const double dt1 = frames[i].end_s - frames[i - 1].end_s;
+        const double dt5 = (frames[i].end_s - frames[i - 5].end_s) / 5;
+        series.push_back({{"frame", static_cast<int64_t>(i) - static_cast<int64_t>(first)},
+                          {"fps", dt1 > 0 ? 1 / dt1 : 0.0},
+                          {"fps5", dt5 > 0 ? 1 / dt5 : 0.0},
+                          {"reference", frames[i].reference}});
+      }
+      sj["series"] = series;
     } else {
       sj["error"] = "the new target did not reach the agent in time";
     }
@@ -512,6 +524,30 @@ int RunDemoFrames(const DemoFramesOptions& o) {
   if (!o.plot_dir.empty()) {
     std::error_code ec;
     fs::create_directories(o.plot_dir, ec);
+    if (out.contains("step") && out["step"].contains("series")) {
+      const std::string base = o.plot_dir + "/frames-step";
+      {
+        std::ofstream csv(base + ".csv");
+        csv << "frame,fps,fps5,reference\n";
+        for (const auto& p : out["step"]["series"]) {
+          csv << p["frame"].get<int64_t>() << "," << p["fps"].get<double>() << ","
+              << p["fps5"].get<double>() << "," << p["reference"].get<double>() << "\n";
+        }
+      }
+      std::ofstream gp(base + ".gp");
+      gp << "set terminal png size 800,400\nset output '" << base << ".png'\n"
+         << "set datafile separator ','\nset title 'PI step response: target moved mid-run'\n"
+         << "set xlabel 'frame (0: first frame decided with the new reference)'\n"
+         << "set ylabel 'FPS'\nset key outside\n"
+         << "plot '" << base << ".csv' every ::1 using 1:2 with lines title 'frame rate', '"
+         << base << ".csv' every ::1 using 1:3 with lines title 'five-frame rate', '" << base
+         << ".csv' every ::1 using 1:4 with steps dt 2 title 'reference'\n";
+      gp.close();
+      if (::access("/usr/bin/gnuplot", X_OK) == 0) {
+        pid_t pid = Spawn({"gnuplot", base + ".gp"}, {}, o.plot_dir + "/gnuplot.log");
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
     for (const auto& [policy, rs] : by_policy) {
       std::ofstream csv(o.plot_dir + "/frames-" + policy + ".csv");
       csv << "second";
