@@ -12,6 +12,26 @@ namespace gmux::daemon {
 
 std::string DefaultSocketPath() { return "/run/gmux/gmuxd.sock"; }
 
+core::FrameControllerOptions FramesOptions::Controller() const {
+  core::FrameControllerOptions fc;
+  fc.kp = kp;
+  fc.ki = ki;
+  fc.gpu_history_frames = gpu_history_frames;
+  fc.min_fps = min_fps;
+  fc.max_fps = max_fps;
+  return fc;
+}
+
+core::SlaPolicyOptions FramesOptions::Sla(core::SlaKind kind) const {
+  core::SlaPolicyOptions so;
+  so.kind = kind;
+  so.criterion_fps = criterion_fps;
+  so.target_usage = target_usage;
+  so.fsa_headroom = fsa_headroom;
+  so.coef_smoothing = coef_smoothing;
+  return so;
+}
+
 Status DaemonOptions::Validate() const {
   if (max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
   if (inflight_per_device == 0) return InvalidArgument("inflight_per_device must be > 0");
@@ -351,13 +371,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     GMUX_ASSIGN_OR_RETURN(f.max_fps, doc.Number(*ft, "max_fps", 1000.0, 0.01));
     GMUX_ASSIGN_OR_RETURN(int64_t agents, doc.Integer(*ft, "max_agents", 256, 1, 65536));
     f.max_agents = static_cast<uint32_t>(agents);
-    core::FrameControllerOptions fc;
-    fc.kp = f.kp;
-    fc.ki = f.ki;
-    fc.gpu_history_frames = f.gpu_history_frames;
-    fc.min_fps = f.min_fps;
-    fc.max_fps = f.max_fps;
-    if (Status st = fc.Validate(); !st.ok()) {
+    if (Status st = f.Controller().Validate(); !st.ok()) {
       const char* key = f.min_fps >= f.max_fps ? "max_fps" : "ki";
       return doc.Error(ft->get(key) != nullptr ? ft->get(key) : ft->get("kp"), key, st.message());
     }

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "core/frame_controller.h"
 #include "core/policy.h"
+#include "core/sla_policy.h"
 #include "daemon/backend.h"
 #include "proto/frame.h"
 
@@ -111,6 +113,10 @@ struct FramesOptions {
   std::string usage = "auto";
   // [[frames.device]]: renderers whose policy differs, as (substring of GL_RENDERER, policy).
   std::vector<std::pair<std::string, std::string>> device_policies;
+
+  // Every agent's PI controller, and a group's SLA policy of `kind`, as these options say.
+  core::FrameControllerOptions Controller() const;
+  core::SlaPolicyOptions Sla(core::SlaKind kind) const;
 };
 
 struct DaemonOptions {

@@ -42,13 +42,9 @@ proto::FrameLimits AgentLimits() {
 }
 
 core::SlaPolicy MakeSla(const FramesOptions& o, const std::string& kind) {
-  core::SlaPolicyOptions so;
-  so.kind = core::ParseSlaKind(kind).value_or(core::SlaKind::kSa);
-  so.criterion_fps = o.criterion_fps;
-  so.target_usage = o.target_usage;
-  so.fsa_headroom = o.fsa_headroom;
-  so.coef_smoothing = o.coef_smoothing;
-  return std::move(core::SlaPolicy::Create(so)).value();  // validated by Create below
+  // Names and numbers were validated by FrameHub::Create and Op.
+  auto sla = core::SlaPolicy::Create(o.Sla(core::ParseSlaKind(kind).value_or(core::SlaKind::kSa)));
+  return std::move(sla).value();
 }
 
 double Finite(double x) { return std::isfinite(x) ? x : 0.0; }
@@ -140,24 +136,12 @@ struct FrameHub::Agent {
 Result<std::unique_ptr<FrameHub>> FrameHub::Create(const FramesOptions& options,
                                                    uint32_t max_per_uid,
                                                    const std::vector<std::string>& tenants) {
-  core::FrameControllerOptions fc;
-  fc.kp = options.kp;
-  fc.ki = options.ki;
-  fc.gpu_history_frames = options.gpu_history_frames;
-  fc.min_fps = options.min_fps;
-  fc.max_fps = options.max_fps;
-  GMUX_RETURN_IF_ERROR(fc.Validate());
-  for (const auto& kind : {options.policy}) {
-    core::SlaPolicyOptions so;
-    auto k = core::ParseSlaKind(kind);
-    if (!k) return InvalidArgument("[frames] policy: unknown policy '" + kind + "'");
-    so.kind = *k;
-    so.criterion_fps = options.criterion_fps;
-    so.target_usage = options.target_usage;
-    so.fsa_headroom = options.fsa_headroom;
-    so.coef_smoothing = options.coef_smoothing;
-    GMUX_RETURN_IF_ERROR(so.Validate());
+  GMUX_RETURN_IF_ERROR(options.Controller().Validate());
+  auto main_kind = core::ParseSlaKind(options.policy);
+  if (!main_kind) {
+    return InvalidArgument("[frames] policy: unknown policy '" + options.policy + "'");
   }
+  GMUX_RETURN_IF_ERROR(options.Sla(*main_kind).Validate());
   for (const auto& [renderer, kind] : options.device_policies) {
     if (!core::ParseSlaKind(kind)) {
       return InvalidArgument("[[frames.device]] '" + renderer + "': unknown policy '" + kind + "'");
@@ -174,6 +158,11 @@ Result<std::unique_ptr<FrameHub>> FrameHub::Create(const FramesOptions& options,
 FrameHub::FrameHub(const FramesOptions& options, uint32_t max_per_uid)
     : options_(options), max_per_uid_(max_per_uid) {}
 
+void FrameHub::Wake() {
+  char c = 1;
+  (void)!::write(wake_pipe_[1], &c, 1);
+}
+
 FrameHub::~FrameHub() { Stop(); }
 
 Status FrameHub::Start() {
@@ -188,8 +177,7 @@ Status FrameHub::Start() {
 void FrameHub::Stop() {
   if (thread_.joinable()) {
     stopping_ = true;
-    char c = 1;
-    (void)!::write(wake_pipe_[1], &c, 1);
+    Wake();
     thread_.join();
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -253,13 +241,7 @@ Status FrameHub::CanAdoptLocked(uid_t uid) const {
 }
 
 Status FrameHub::Adopt(int fd, const AgentInfo& info) {
-  core::FrameControllerOptions fc;
-  fc.kp = options_.kp;
-  fc.ki = options_.ki;
-  fc.gpu_history_frames = options_.gpu_history_frames;
-  fc.min_fps = options_.min_fps;
-  fc.max_fps = options_.max_fps;
-  auto ctl = core::FrameController::Create(fc);
+  auto ctl = core::FrameController::Create(options_.Controller());
   if (!ctl.ok()) {
     ::close(fd);
     return ctl.status();
@@ -291,8 +273,7 @@ Status FrameHub::Adopt(int fd, const AgentInfo& info) {
                static_cast<unsigned long long>(ref.id), info.tenant_name.c_str(),
                static_cast<int>(info.pid), info.program.c_str(), info.renderer.c_str(),
                ref.group->policy.c_str());
-  char c = 1;
-  (void)!::write(wake_pipe_[1], &c, 1);
+  Wake();
   return Status::Ok();
 }
 
@@ -648,8 +629,7 @@ std::string FrameHub::Op(const std::string& action, const std::string& policy,
       a->sla.reference_fps = core::kUncappedFps;
     }
     dirty_ = true;
-    char c = 1;
-    (void)!::write(wake_pipe_[1], &c, 1);
+    Wake();
     return nlohmann::json{{"ok", true}, {"policy", policy}, {"renderer", renderer},
                           {"groups_changed", changed}}.dump(-1, ' ', false, kReplaceBadUtf8);
   }
@@ -670,8 +650,7 @@ std::string FrameHub::Op(const std::string& action, const std::string& policy,
   int agents = 0;
   for (auto& a : agents_) agents += !a->dead && a->info.tenant_name == tenant ? 1 : 0;
   dirty_ = true;
-  char c = 1;
-  (void)!::write(wake_pipe_[1], &c, 1);
+  Wake();
   return nlohmann::json{{"ok", true}, {"tenant", tenant}, {"fps_target", fps},
                         {"agents", agents}}.dump(-1, ' ', false, kReplaceBadUtf8);
 }

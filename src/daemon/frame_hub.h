@@ -83,6 +83,7 @@ class FrameHub {
   struct Group;
   explicit FrameHub(const FramesOptions& options, uint32_t max_per_uid);
   void Loop();
+  void Wake();  // the loop looks again (new agent, changed policy, stop)
   // Reads what `a` sent; false: drop it.
   bool OnReadable(Agent& a);
   bool OnMessage(Agent& a, const std::vector<uint8_t>& frame);

@@ -747,12 +747,7 @@ void Server::ServeControl(Pending& p, uint64_t seq) {
   s.setPendingCommands(scheduler_->Outstanding());
   s.setScheduler(p.admin ? scheduler_->Status() : scheduler_->Status(p.tenant_id));
   s.setFrames(p.admin ? frames_->StatusJson(std::nullopt) : frames_->StatusJson(p.tenant_id));
-  // A reply to a small request from a peer that is waiting for it: a blocking write is bounded.
-  int flags = ::fcntl(p.fd, F_GETFL);
-  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
-  timeval tv{2, 0};
-  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
+  ReplyBlocking(p.fd, b).IgnoreError();
 }
 
 void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
@@ -800,11 +795,7 @@ void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
   rep.setSeq(seq);
   rep.setStatus(CL_SUCCESS);
   rep.setLease(answer);
-  int flags = ::fcntl(p.fd, F_GETFL);
-  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
-  timeval tv{2, 0};
-  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
+  ReplyBlocking(p.fd, b).IgnoreError();
 }
 
 bool Server::AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& program,
@@ -841,10 +832,6 @@ bool Server::AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& progra
   socklen_t len = sizeof(cred);
   if (::getsockopt(p.fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) info.pid = cred.pid;
   // The hello reply first (blocking, bounded), then the socket belongs to the hub.
-  int flags = ::fcntl(p.fd, F_GETFL);
-  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
-  timeval tv{2, 0};
-  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   capnp::MallocMessageBuilder b;
   auto rep = b.initRoot<wire::Reply>();
   rep.setSeq(seq);
@@ -852,7 +839,7 @@ bool Server::AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& progra
   auto h = rep.initHello();
   h.setProtocolVersion(proto::kProtocolVersion);
   h.setTenant(p.tenant.name);
-  if (!proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).ok()) return false;
+  if (!ReplyBlocking(p.fd, b).ok()) return false;
   Status adopted = frames_->Adopt(p.fd, info);  // takes the descriptor, even on error
   if (!adopted.ok()) {
     std::fprintf(stderr, "gmuxd: frame agent of tenant %s refused: %s\n", p.tenant.name.c_str(),
@@ -870,11 +857,15 @@ void Server::ServeFrames(Pending& p, uint64_t seq, const FramesRequest& op) {
   rep.setSeq(seq);
   rep.setStatus(CL_SUCCESS);
   rep.setFrames(answer);
-  int flags = ::fcntl(p.fd, F_GETFL);
-  ::fcntl(p.fd, F_SETFL, flags & ~O_NONBLOCK);
+  ReplyBlocking(p.fd, b).IgnoreError();
+}
+
+Status Server::ReplyBlocking(int fd, capnp::MessageBuilder& b) {
+  // A reply to a small request from a peer that is waiting for it: a blocking write is bounded.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   timeval tv{2, 0};
-  ::setsockopt(p.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  proto::WriteFrame(p.fd, proto::FrameKind::kReply, b, options_.frame).IgnoreError();
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  return proto::WriteFrame(fd, proto::FrameKind::kReply, b, options_.frame);
 }
 
 void Server::ReplyError(int fd, uint64_t seq, const std::string& message) {

@@ -119,6 +119,8 @@ class Server {
   bool AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& program,
                        const std::string& renderer);
   void ReplyError(int fd, uint64_t seq, const std::string& message);
+  // Writes `b` to a control or agent connection blocking, at most 2 s (the peer waits for it).
+  Status ReplyBlocking(int fd, capnp::MessageBuilder& b);
   Status SendHelloReply(int fd, const std::string& tenant, uint64_t session);
   // Starts a worker for `key`; its WorkerUp arrives on its control channel.
   Result<Spawned> Spawn(const WorkerKey& key);
