@@ -95,6 +95,14 @@ void CreditPolicy::AddTenant(const Tenant& tenant, TimePoint now) {
   order_.push_back(tenant.id);
 }
 
+void CreditPolicy::SetWeight(TenantId tenant, double weight, TimePoint now) {
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end() || !(weight > 0)) return;
+  // Credits already handed out stand; the next replenishment (Eq. 2) shares by the new weight.
+  AdvanceTo(now);
+  it->second.info.weight = weight;
+}
+
 void CreditPolicy::RemoveTenant(TenantId tenant, TimePoint now) {
   auto it = tenants_.find(tenant);
   if (it != tenants_.end()) {

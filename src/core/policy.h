@@ -43,6 +43,10 @@ class Policy {
   // A tenant leaves; its pending blocks are dropped (in-flight ones may still Complete()).
   virtual void RemoveTenant(TenantId tenant, TimePoint now) = 0;
 
+  // A tenant's weight changes at run time (an operator's `gmux tenant set`); its queued blocks
+  // stay. Policies that ignore weights ignore it. Unknown tenants are ignored. Weight > 0.
+  virtual void SetWeight(TenantId /*tenant*/, double /*weight*/, TimePoint /*now*/) {}
+
   // A block arrives on its tenant's V-channel. Precondition: the tenant was added; block.id
   // unique. Blocks of one tenant arrive in that tenant's order.
   virtual void Submit(const CommandBlock& block, TimePoint now) = 0;

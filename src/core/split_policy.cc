@@ -62,6 +62,16 @@ uint32_t SplitPolicy::SlotOf(TenantId tenant) const {
   return it == slot_of_.end() ? kNil : it->second;
 }
 
+void SplitPolicy::SetWeight(TenantId tenant, double weight, TimePoint) {
+  const uint32_t slot = SlotOf(tenant);
+  if (slot == kNil || !(weight > 0)) return;
+  // Usage is compared per unit of weight: scaled with the weight, the tenant keeps its place
+  // (no catch-up burst for what it used under the old weight, no penalty either).
+  TenantState& t = slots_[slot];
+  t.usage_s *= weight / t.weight;
+  t.weight = weight;
+}
+
 void SplitPolicy::AddTenant(const Tenant& tenant, TimePoint) {
   assert(SlotOf(tenant.id) == kNil);
   uint32_t slot;

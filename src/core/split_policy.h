@@ -104,6 +104,7 @@ class SplitPolicy final : public Policy {
 
   std::string_view name() const override { return "split"; }
   void AddTenant(const Tenant& tenant, TimePoint now) override;
+  void SetWeight(TenantId tenant, double weight, TimePoint now) override;
   void RemoveTenant(TenantId tenant, TimePoint now) override;
   void Submit(const CommandBlock& block, TimePoint now) override;
   void Complete(const Completion& done, TimePoint now) override;

@@ -59,6 +59,10 @@ Status DaemonOptions::Validate() const {
   return Status::Ok();
 }
 
+bool ValidLogLevel(std::string_view level) {
+  return level == "debug" || level == "info" || level == "warn" || level == "error";
+}
+
 Result<TenantConfig> DaemonOptions::TenantForUid(uint32_t uid) const {
   for (const auto& t : tenants) {
     for (uint32_t u : t.uids) {
@@ -129,6 +133,77 @@ Result<TenantConfig> DaemonOptions::TenantForToken(const std::string& token) con
                                         : "unknown token");
 }
 
+namespace {
+
+// A table's limit keys over `base` (the [limits] defaults for a [[tenant]]).
+Status ReadLimits(const TomlDoc& doc, const toml::table& t, const TenantLimits& base,
+                  TenantLimits& out) {
+  GMUX_ASSIGN_OR_RETURN(out.command_time_limit_s,
+                        doc.Number(t, "command_time_limit_s", base.command_time_limit_s, 0));
+  auto count = [&](const char* key, uint64_t def, uint64_t& v) -> Status {
+    GMUX_ASSIGN_OR_RETURN(int64_t x, doc.Integer(t, key, static_cast<int64_t>(def), 0,
+                                                 INT64_MAX));
+    v = static_cast<uint64_t>(x);
+    return Status::Ok();
+  };
+  GMUX_RETURN_IF_ERROR(count("max_queued_commands", base.max_queued_commands,
+                             out.max_queued_commands));
+  GMUX_RETURN_IF_ERROR(count("max_events", base.max_events, out.max_events));
+  GMUX_RETURN_IF_ERROR(count("max_objects", base.max_objects, out.max_objects));
+  GMUX_RETURN_IF_ERROR(count("max_bulk_bytes", base.max_bulk_bytes, out.max_bulk_bytes));
+  if (out.max_bulk_bytes != 0 && out.max_bulk_bytes < (1u << 20)) {
+    return doc.Error(t.get("max_bulk_bytes"), "max_bulk_bytes", "must be at least 1 MiB");
+  }
+  GMUX_RETURN_IF_ERROR(count("worker_memory_bytes", base.worker_memory_bytes,
+                             out.worker_memory_bytes));
+  // Below these a worker cannot even open the backend (PoCL and LLVM need about 100 MiB and
+  // a few dozen descriptors before any tenant work).
+  if (out.worker_memory_bytes != 0 && out.worker_memory_bytes < (256u << 20)) {
+    return doc.Error(t.get("worker_memory_bytes"), "worker_memory_bytes",
+                     "must be 0 (no limit) or at least 256 MiB");
+  }
+  GMUX_RETURN_IF_ERROR(count("worker_open_files", base.worker_open_files,
+                             out.worker_open_files));
+  GMUX_ASSIGN_OR_RETURN(out.memory_quota, doc.Bytes(t, "memory_quota", base.memory_quota));
+  if (out.worker_open_files != 0 && out.worker_open_files < 64) {
+    return doc.Error(t.get("worker_open_files"), "worker_open_files",
+                     "must be 0 (no limit) or at least 64");
+  }
+  return Status::Ok();
+}
+
+// A [[tenant]] table over `base` (keys it does not name keep base's values).
+Result<TenantConfig> ReadTenant(const TomlDoc& doc, const toml::table* tt,
+                                const TenantConfig& base) {
+  std::vector<std::string_view> tenant_keys = {"name", "weight", "uids", "tokens",
+                                               "fps_target"};
+  tenant_keys.insert(tenant_keys.end(), std::begin(kTenantLimitKeys), std::end(kTenantLimitKeys));
+  GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, tenant_keys));
+  TenantConfig tc = base;
+  GMUX_RETURN_IF_ERROR(ReadLimits(doc, *tt, base.limits, tc.limits));
+  GMUX_ASSIGN_OR_RETURN(tc.name, doc.String(*tt, "name",
+                                            base.name.empty() ? std::optional<std::string>()
+                                                              : std::optional(base.name)));
+  GMUX_ASSIGN_OR_RETURN(tc.weight, doc.Number(*tt, "weight", base.weight, 1e-9));
+  GMUX_ASSIGN_OR_RETURN(tc.fps_target, doc.Number(*tt, "fps_target", base.fps_target, 0));
+  if (tc.fps_target > 1000) {
+    return doc.Error(tt->get("fps_target"), "fps_target", "must be at most 1000");
+  }
+  if (tt->get("uids") != nullptr) tc.uids.clear();
+  GMUX_ASSIGN_OR_RETURN(std::vector<double> uids,
+                        doc.Numbers(*tt, "uids", std::vector<double>{}));
+  for (double u : uids) {
+    if (u < 0 || u > 4294967295.0 || u != static_cast<double>(static_cast<uint32_t>(u))) {
+      return doc.Error(tt->get("uids"), "uids", "expected non-negative integer uids");
+    }
+    tc.uids.push_back(static_cast<uint32_t>(u));
+  }
+  GMUX_ASSIGN_OR_RETURN(tc.tokens, doc.Strings(*tt, "tokens", base.tokens));
+  return tc;
+}
+
+}  // namespace
+
 Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string& path) {
   GMUX_ASSIGN_OR_RETURN(TomlDoc doc, TomlDoc::Parse(text, path));
   DaemonOptions o;
@@ -136,46 +211,10 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
   GMUX_RETURN_IF_ERROR(
       doc.OnlyKeys(root, {"daemon", "backend", "scheduler", "tenants", "tenant", "limits",
                           "pool", "frames"}));
-  // A table's limit keys over `base` (the [limits] defaults for a [[tenant]]).
-  auto read_limits = [&doc](const toml::table& t, const TenantLimits& base,
-                            TenantLimits& out) -> Status {
-    GMUX_ASSIGN_OR_RETURN(out.command_time_limit_s,
-                          doc.Number(t, "command_time_limit_s", base.command_time_limit_s, 0));
-    auto count = [&](const char* key, uint64_t def, uint64_t& v) -> Status {
-      GMUX_ASSIGN_OR_RETURN(int64_t x, doc.Integer(t, key, static_cast<int64_t>(def), 0,
-                                                   INT64_MAX));
-      v = static_cast<uint64_t>(x);
-      return Status::Ok();
-    };
-    GMUX_RETURN_IF_ERROR(count("max_queued_commands", base.max_queued_commands,
-                               out.max_queued_commands));
-    GMUX_RETURN_IF_ERROR(count("max_events", base.max_events, out.max_events));
-    GMUX_RETURN_IF_ERROR(count("max_objects", base.max_objects, out.max_objects));
-    GMUX_RETURN_IF_ERROR(count("max_bulk_bytes", base.max_bulk_bytes, out.max_bulk_bytes));
-    if (out.max_bulk_bytes != 0 && out.max_bulk_bytes < (1u << 20)) {
-      return doc.Error(t.get("max_bulk_bytes"), "max_bulk_bytes", "must be at least 1 MiB");
-    }
-    GMUX_RETURN_IF_ERROR(count("worker_memory_bytes", base.worker_memory_bytes,
-                               out.worker_memory_bytes));
-    // Below these a worker cannot even open the backend (PoCL and LLVM need about 100 MiB and
-    // a few dozen descriptors before any tenant work).
-    if (out.worker_memory_bytes != 0 && out.worker_memory_bytes < (256u << 20)) {
-      return doc.Error(t.get("worker_memory_bytes"), "worker_memory_bytes",
-                       "must be 0 (no limit) or at least 256 MiB");
-    }
-    GMUX_RETURN_IF_ERROR(count("worker_open_files", base.worker_open_files,
-                               out.worker_open_files));
-    GMUX_ASSIGN_OR_RETURN(out.memory_quota, doc.Bytes(t, "memory_quota", base.memory_quota));
-    if (out.worker_open_files != 0 && out.worker_open_files < 64) {
-      return doc.Error(t.get("worker_open_files"), "worker_open_files",
-                       "must be 0 (no limit) or at least 64");
-    }
-    return Status::Ok();
-  };
   GMUX_ASSIGN_OR_RETURN(const toml::table* lt, doc.Table(root, "limits", false));
   if (lt != nullptr) {
     GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*lt, kTenantLimitKeys));
-    GMUX_RETURN_IF_ERROR(read_limits(*lt, o.limits, o.limits));
+    GMUX_RETURN_IF_ERROR(ReadLimits(doc, *lt, o.limits, o.limits));
   }
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* d, doc.Table(root, "daemon", false));
@@ -185,7 +224,19 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
              "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
              "worker_user", "spare_workers", "state_dir", "express_dispatch", "memory_bytes",
-             "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch", "metrics_listen"}));
+             "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch", "metrics_listen",
+             "ledger", "ledger_interval_s", "log_level"}));
+    GMUX_ASSIGN_OR_RETURN(o.ledger, doc.String(*d, "ledger", ""));
+    GMUX_ASSIGN_OR_RETURN(o.ledger_interval_s, doc.Number(*d, "ledger_interval_s", 10.0, 0.05));
+    if (o.ledger_interval_s > 86400) {
+      return doc.Error(d->get("ledger_interval_s"), "ledger_interval_s",
+                       "must be at most 86400 (one day)");
+    }
+    GMUX_ASSIGN_OR_RETURN(o.log_level, doc.String(*d, "log_level", "info"));
+    if (!ValidLogLevel(o.log_level)) {
+      return doc.Error(d->get("log_level"), "log_level",
+                       "expected \"debug\", \"info\", \"warn\" or \"error\"");
+    }
     GMUX_ASSIGN_OR_RETURN(o.metrics_listen, doc.String(*d, "metrics_listen", ""));
     if (!o.metrics_listen.empty()) {
       auto ml = ParseListenAddress(o.metrics_listen);
@@ -404,31 +455,23 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(auto tenant_tables, doc.Tables(root, "tenant", false));
   for (const toml::table* tt : tenant_tables) {
-    std::vector<std::string_view> tenant_keys = {"name", "weight", "uids", "tokens",
-                                                 "fps_target"};
-    tenant_keys.insert(tenant_keys.end(), std::begin(kTenantLimitKeys), std::end(kTenantLimitKeys));
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, tenant_keys));
-    TenantConfig tc;
-    GMUX_RETURN_IF_ERROR(read_limits(*tt, o.limits, tc.limits));
-    GMUX_ASSIGN_OR_RETURN(tc.name, doc.String(*tt, "name", std::nullopt));
-    GMUX_ASSIGN_OR_RETURN(tc.weight, doc.Number(*tt, "weight", 1.0, 1e-9));
-    GMUX_ASSIGN_OR_RETURN(tc.fps_target, doc.Number(*tt, "fps_target", 0.0, 0));
-    if (tc.fps_target > 1000) {
-      return doc.Error(tt->get("fps_target"), "fps_target", "must be at most 1000");
-    }
-    GMUX_ASSIGN_OR_RETURN(std::vector<double> uids, doc.Numbers(*tt, "uids", std::vector<double>{}));
-    for (double u : uids) {
-      if (u < 0 || u > 4294967295.0 || u != static_cast<double>(static_cast<uint32_t>(u))) {
-        return doc.Error(tt->get("uids"), "uids", "expected non-negative integer uids");
-      }
-      tc.uids.push_back(static_cast<uint32_t>(u));
-    }
-    GMUX_ASSIGN_OR_RETURN(tc.tokens, doc.Strings(*tt, "tokens", std::vector<std::string>{}));
+    TenantConfig base;
+    base.limits = o.limits;
+    GMUX_ASSIGN_OR_RETURN(TenantConfig tc, ReadTenant(doc, tt, base));
     o.tenants.push_back(std::move(tc));
   }
   Status v = o.Validate();
   if (!v.ok()) return InvalidArgument(path + ": " + v.message());
   return o;
+}
+
+Result<TenantConfig> ParseTenantTable(std::string_view text, const std::string& origin,
+                                      const TenantConfig& base) {
+  GMUX_ASSIGN_OR_RETURN(TomlDoc doc, TomlDoc::Parse(text, origin));
+  GMUX_RETURN_IF_ERROR(doc.OnlyKeys(doc.root(), {"tenant"}));
+  GMUX_ASSIGN_OR_RETURN(auto tables, doc.Tables(doc.root(), "tenant", true));
+  if (tables.size() != 1) return InvalidArgument(origin + ": expected one [[tenant]] table");
+  return ReadTenant(doc, tables[0], base);
 }
 
 Result<DaemonOptions> LoadDaemonConfig(const std::string& path) {

@@ -69,6 +69,9 @@ struct ListenAddress {
   std::string host;
   uint16_t port = 0;
 };
+// debug, info, warn or error.
+bool ValidLogLevel(std::string_view level);
+
 // Parses "HOST:PORT"; kInvalidArgument naming what is wrong.
 Result<ListenAddress> ParseListenAddress(std::string_view text);
 
@@ -124,6 +127,11 @@ struct DaemonOptions {
   std::string listen;                           // TCP "HOST:PORT"; empty: no TCP listener
   // Prometheus endpoint "HOST:PORT" (GET /metrics; docs/operations.md "Metrics"); empty: off.
   std::string metrics_listen;
+  // Usage ledger (docs/operations.md "Usage ledger"): an SQLite file; empty: off. One row per
+  // tenant, device and interval of ledger_interval_s.
+  std::string ledger;
+  double ledger_interval_s = 10;
+  std::string log_level = "info";               // debug, info, warn, error
   uint32_t socket_mode = 0666;                  // permissions of the socket file
   uint32_t max_sessions = 256;                  // identified sessions only
   double handshake_timeout_s = 5;               // a connection must say hello by then
@@ -186,6 +194,10 @@ std::string DefaultSocketPath();
 
 // Parses a config file. kNotFound for a missing file, kInvalidArgument "FILE:LINE: key 'K': ...".
 Result<DaemonOptions> LoadDaemonConfig(const std::string& path);
+// One [[tenant]] table (`gmux tenant add|set`): the keys it names over `base` (for a new tenant,
+// base has the [limits] defaults). Errors as for a config file, with `origin` as the file name.
+Result<TenantConfig> ParseTenantTable(std::string_view text, const std::string& origin,
+                                      const TenantConfig& base);
 Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string& path);
 
 }  // namespace gmux::daemon

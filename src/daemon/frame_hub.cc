@@ -217,6 +217,18 @@ double FrameHub::TargetOf(const Agent& a) const {
   return it != target_overrides_.end() ? it->second : a.info.fps_target;
 }
 
+void FrameHub::SetTenantTargets(const std::map<std::string, double>& targets) {
+  std::lock_guard<std::mutex> lock(mu_);
+  known_tenants_.clear();
+  for (const auto& [name, fps] : targets) known_tenants_.insert(name);
+  for (auto& a : agents_) {
+    auto it = targets.find(a->info.tenant_name);
+    if (it != targets.end()) a->info.fps_target = it->second;
+  }
+  dirty_ = true;
+  Wake();
+}
+
 Status FrameHub::CanAdopt(uid_t uid) const {
   std::lock_guard<std::mutex> lock(mu_);
   return CanAdoptLocked(uid);

@@ -69,6 +69,10 @@ class FrameHub {
   Status CanAdopt(uid_t uid) const;
 
   size_t AgentCount() const;
+  // The tenants' configured FPS targets changed (SIGHUP, `gmux tenant`): name -> target (0: the
+  // criterion). Connected agents follow at the next control period; run-time overrides from
+  // `gmux frames target` stay.
+  void SetTenantTargets(const std::map<std::string, double>& targets);
   // JSON: the policies and every agent (only `tenant`'s when given).
   std::string StatusJson(std::optional<TenantId> tenant) const;
   // The same as a JSON value (caller holds mu_).

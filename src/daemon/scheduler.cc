@@ -123,6 +123,61 @@ void Scheduler::AddTenant(TenantId tenant, double weight, const std::string& nam
   });
 }
 
+void Scheduler::SetTenant(TenantId tenant, double weight, Duration command_time_limit) {
+  if (!(weight > 0)) return;
+  mailbox_.Post([this, tenant, weight, command_time_limit] {
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) return;
+    it->second.weight = weight;
+    it->second.command_time_limit = command_time_limit;
+    if (!it->second.in_policy) return;
+    for (auto& d : devices_) d.policy->SetWeight(tenant, weight, Now());
+  });
+}
+
+Scheduler::UsageCounters& Scheduler::UsageOf(TenantStats& t, size_t device) {
+  if (t.usage.size() <= device) t.usage.resize(std::max(devices_.size(), device + 1));
+  return t.usage[device];
+}
+
+void Scheduler::AccrueMemory(TenantStats& t, size_t device) {
+  const TimePoint now = Now();
+  if (t.mem_since.size() <= device) t.mem_since.resize(devices_.size(), now);
+  const uint64_t used = device < t.mem_used.size() ? t.mem_used[device] : 0;
+  UsageOf(t, device).memory_byte_s += static_cast<double>(used) *
+                                      ToSeconds(now - t.mem_since[device]);
+  t.mem_since[device] = now;
+}
+
+std::optional<std::vector<Scheduler::UsageRow>> Scheduler::Usage() {
+  if (stop_.load() || !thread_.joinable()) return std::nullopt;
+  using Rows = std::vector<UsageRow>;
+  auto promise = std::make_shared<std::promise<Rows>>();
+  std::future<Rows> f = promise->get_future();
+  mailbox_.Post([this, promise] {
+    Rows rows;
+    const TimePoint now = Now();
+    for (auto& [id, t] : tenants_) {
+      for (size_t di = 0; di < devices_.size(); ++di) AccrueMemory(t, di);
+      for (size_t di = 0; di < t.usage.size(); ++di) {
+        UsageCounters c = t.usage[di];
+        // A lease still held counts up to now.
+        for (const PoolDevice& pd : pool_.devices) {
+          if (pd.backend == di && pd.holder == id) c.lease_s += ToSeconds(now - pd.held_since);
+        }
+        if (c.device_s == 0 && c.commands == 0 && c.bytes == 0 && c.memory_byte_s == 0 &&
+            c.lease_s == 0) {
+          continue;
+        }
+        rows.push_back(UsageRow{t.name, static_cast<uint32_t>(di), c});
+      }
+    }
+    promise->set_value(std::move(rows));
+  });
+  if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) return std::nullopt;
+  return f.get();
+}
+
 void Scheduler::RemoveTenant(TenantId tenant) {
   mailbox_.Post([this, tenant] {
     auto it = tenants_.find(tenant);
@@ -212,6 +267,7 @@ void Scheduler::OnMemReserve(Worker& w, const std::vector<ctl::MemReserve>& asks
   t.mem_peak.resize(devices_.size());
   for (const ctl::MemReserve& a : asks) {
     if (a.device >= devices_.size() || a.bytes == 0) return Drop(w, GoneReason::kMalformed);
+    AccrueMemory(t, a.device);
     DeviceState& d = devices_[a.device];
     uint64_t& used = t.mem_used[a.device];
     ctl::MemAnswer ans{a.seq, a.bytes, static_cast<uint32_t>(ctl::MemVerdict::kGranted),
@@ -259,6 +315,7 @@ void Scheduler::FreeMemory(Worker& w, uint32_t device, uint64_t bytes) {
   d.mem_used -= std::min(bytes, d.mem_used);
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end() && device < t->second.mem_used.size()) {
+    AccrueMemory(t->second, device);
     t->second.mem_used[device] -= std::min(bytes, t->second.mem_used[device]);
     // A tenant without device memory holds no slots.
     if (d.slots && t->second.mem_used[device] == 0 && d.slots->Contains(w.tenant) &&
@@ -407,6 +464,11 @@ core::CommandBlock Scheduler::NewBlock(const Worker& w, const ctl::Ready& r) {
   if (t != tenants_.end()) {
     ++t->second.commands;
     if (b.kind == core::BlockKind::kKernel) t->second.total_items += r.work_items;
+    if (r.device < devices_.size()) {
+      UsageCounters& u = UsageOf(t->second, r.device);
+      ++u.commands;
+      if (b.kind == core::BlockKind::kCopy) u.bytes += r.bytes;
+    }
   }
   return b;
 }
@@ -506,6 +568,7 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
         TenantStats& ts = t->second;
         if (ts.inflight > 0) --ts.inflight;
         ts.device_time_s += ToSeconds(used);
+        UsageOf(ts, di).device_s += ToSeconds(used);
         d.busy_s += ToSeconds(used);
         if (f.unsplit_kernel) ts.unsplit_kernel_s += ToSeconds(used);
         ts.processed_items += f.range.size();

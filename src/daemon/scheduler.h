@@ -75,6 +75,8 @@ class Scheduler {
   void AddTenant(TenantId tenant, double weight, const std::string& name = "",
                  Duration command_time_limit = Duration(0));
   void RemoveTenant(TenantId tenant);  // drops its queued blocks
+  // A tenant's weight and command time limit change at run time; its queued work stays.
+  void SetTenant(TenantId tenant, double weight, Duration command_time_limit);
   // A worker serving session `session` of `tenant` (process `pid`, 0 for in-process tests) on
   // the control channel `fd`, which the scheduler owns and closes from now on.
   void AddWorker(uint64_t session, TenantId tenant, int fd, pid_t pid);
@@ -119,6 +121,24 @@ class Scheduler {
 
   // Commands submitted and not yet completed (all tenants).
   uint64_t Outstanding() const { return outstanding_.load(); }
+
+  // Cumulative usage of one tenant on one device since gmuxd started: what the ledger books
+  // (ledger.h). Memory and lease time are integrated up to the moment of the call.
+  struct UsageCounters {
+    double device_s = 0;       // measured START->END of its dispatches (and its swap-ins)
+    uint64_t commands = 0;     // commands submitted for the device
+    uint64_t bytes = 0;        // bytes of its transfer commands (reads, writes, copies, fills)
+    double memory_byte_s = 0;  // integral of the device memory it reserved, byte-seconds
+    double lease_s = 0;        // time it held the device whole (pool leases)
+  };
+  struct UsageRow {
+    std::string tenant;
+    uint32_t device = 0;
+    UsageCounters counters;
+  };
+  // Every tenant x device with anything counted. Waits for the scheduler thread (at most ~2 s;
+  // nullopt then, or when stopped).
+  std::optional<std::vector<UsageRow>> Usage();
 
   // A JSON object describing the devices (policy, dispatches in flight), the tenants' counters
   // (only `only`'s when given) and the scheduler thread's own cost per dispatch
@@ -245,6 +265,7 @@ class Scheduler {
   struct PoolDevice {
     uint32_t backend = 0;              // the backend device index
     TenantId holder = kNoTenant;       // attaching or leased to
+    TimePoint held_since{};            // when `holder` got it (lease time for the ledger)
     // The previous holder's workers still moving their data off (session -> kLeaseLost epoch);
     // the next holder gets the device once they are done.
     std::unordered_map<uint64_t, uint64_t> draining;
@@ -377,7 +398,13 @@ class Scheduler {
     double evict_wait_s = 0;               // moves off a device charged to it (made for it, or
                                            // of its own data brought back on demand)
     std::vector<uint8_t> came_back;        // per device: data brought back outside a command
+    std::vector<UsageCounters> usage;      // per device, for the ledger
+    std::vector<TimePoint> mem_since;      // per device: mem_used integrated up to here
   };
+  // The tenant's usage counters on `device` (grown as needed).
+  UsageCounters& UsageOf(TenantStats& t, size_t device);
+  // Integrates the tenant's reserved memory on `device` up to now (before it changes).
+  void AccrueMemory(TenantStats& t, size_t device);
   std::map<TenantId, TenantStats> tenants_;
   uint64_t worker_deaths_ = 0;
   Pool pool_;

@@ -142,6 +142,7 @@ void Scheduler::PoolEvents() {
     switch (e.kind) {
       case core::PoolEventKind::kAttachStarted: {
         pd.holder = e.tenant;
+        pd.held_since = Now();
         PoolTenant& pt = PoolTenantOf(e.tenant);
         pt.device = e.device;
         pt.usable = false;
@@ -162,6 +163,9 @@ void Scheduler::PoolEvents() {
             ++pt.reclaims;
             pt.reclaimed_at = Now();
           }
+        }
+        if (auto t = tenants_.find(e.tenant); t != tenants_.end()) {
+          UsageOf(t->second, pd.backend).lease_s += ToSeconds(Now() - pd.held_since);
         }
         pd.holder = kNoTenant;
         pd.drained_from = e.tenant;

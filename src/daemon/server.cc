@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon/control.h"
+#include "daemon/server_pending.h"
 #include "daemon/session.h"
 
 namespace gmux::daemon {
@@ -64,25 +65,6 @@ extern "C" char** environ;
 
 }  // namespace
 
-struct Server::Pending {
-  int fd = -1;
-  bool tcp = false;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
-  std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address
-  std::chrono::steady_clock::time_point deadline;
-  std::vector<uint8_t> buf;
-  size_t need = proto::kHeaderBytes;
-  bool have_header = false;
-  bool said_hello = false;  // a control connection: the next frame is its request
-  bool control = false;
-  bool admin = false;
-  bool waiting = false;  // identified; waits for a worker of `key`
-  WorkerKey key;
-  TenantConfig tenant;
-  TenantId tenant_id = 0;
-};
 
 Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   GMUX_RETURN_IF_ERROR(options.Validate());
@@ -180,6 +162,15 @@ Status Server::Start() {
     src.sessions = [this] { return static_cast<uint64_t>(SessionCount()); };
     GMUX_ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(options_.metrics_listen, std::move(src)));
   }
+  // The ledger next: an unusable file fails the start with the reason.
+  if (!options_.ledger.empty() && !ledger_) {
+    std::vector<std::string> names;
+    for (uint32_t i = 0; i < backend_->devices().size(); ++i) {
+      names.push_back(backend_->DeviceName(i));
+    }
+    GMUX_ASSIGN_OR_RETURN(ledger_, Ledger::Open(options_.ledger, options_.ledger_interval_s,
+                                                std::move(names)));
+  }
   sockaddr_un addr{};
   if (socket_path_.size() >= sizeof(addr.sun_path)) {
     return InvalidArgument("socket path too long: " + socket_path_);
@@ -230,6 +221,9 @@ Status Server::Start() {
     (void)!::write(wake_pipe_[1], &c, 1);
   });
   GMUX_RETURN_IF_ERROR(frames_->Start());
+  if (ledger_) {
+    GMUX_RETURN_IF_ERROR(ledger_->Start([this] { return scheduler_->Usage(); }));
+  }
   thread_ = std::thread([this] { Loop(); });
   return Status::Ok();
 }
@@ -278,6 +272,8 @@ void Server::Stop() {
     (void)!::write(wake_pipe_[1], &c, 1);
     thread_.join();
   }
+  // The interval in progress is booked while the scheduler can still answer.
+  if (ledger_) ledger_->Stop();
   if (scheduler_) scheduler_->Stop();
   if (frames_) frames_->Stop();
   if (listen_fd_ >= 0) {
@@ -343,7 +339,7 @@ void Server::Loop() {
     for (const auto& w : spawning_) fds.push_back({w.ctl, POLLIN, 0});
     ::poll(fds.data(), fds.size(), timeout_ms);
     if (stopping_) break;
-    if ((fds[0].revents & POLLIN) != 0) {
+    if ((fds[0].revents & POLLIN) != 0) {  // a wake-up: gone workers, broker tasks
       char buf[256];
       while (::read(wake_pipe_[0], buf, sizeof(buf)) > 0) {
       }
@@ -359,6 +355,7 @@ void Server::Loop() {
       }
       OnWorkerGone(std::get<0>(g), std::get<1>(g), std::get<2>(g));
     }
+    RunBrokerTasks();
     // Workers starting (their first message) and spares (a message or a close means it died).
     const size_t base = 3 + pending_.size();
     std::vector<size_t> dead;
@@ -616,6 +613,8 @@ bool Server::OnFrame(Pending& p) {
   std::string token, program, renderer;
   LeaseRequest lease;
   FramesRequest frames_op;
+  bool is_admin_op = false;
+  std::string admin_command, admin_args;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto req = msg->root<wire::Request>();
     seq = req.getSeq();
@@ -629,6 +628,11 @@ bool Server::OnFrame(Pending& p) {
       lease.id = l.getLease();
       lease.for_s = l.getForSeconds();
       lease.device = l.getDevice();
+    }
+    is_admin_op = req.isAdmin();
+    if (is_admin_op) {
+      admin_command = req.getAdmin().getCommand();
+      admin_args = req.getAdmin().getArgs();
     }
     is_frames = req.isFrames();
     if (is_frames) {
@@ -661,9 +665,14 @@ bool Server::OnFrame(Pending& p) {
       ServeFrames(p, seq, frames_op);
       return false;
     }
+    if (is_admin_op) {
+      ServeAdmin(p, seq, admin_command, admin_args);
+      return false;
+    }
     if (!is_stats) {
       ReplyError(p.fd, seq,
-                 "gmuxd: a control connection may only ask for Stats, a lease or frames");
+                 "gmuxd: a control connection may only ask for Stats, a lease, frames, "
+                 "usage or tenants");
       return false;
     }
     ServeControl(p, seq);

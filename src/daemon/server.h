@@ -27,14 +27,19 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "daemon/backend.h"
 #include "daemon/config.h"
 #include "daemon/frame_hub.h"
+#include "daemon/ledger.h"
 #include "daemon/metrics_endpoint.h"
 #include "daemon/scheduler.h"
 
@@ -60,6 +65,14 @@ class Server {
   size_t SessionCount() const;
   // Blocks until no session is connected or `timeout` passes; true when none is left.
   bool WaitForNoSessions(std::chrono::milliseconds timeout) const;
+  // SIGHUP: applies a config file read again (`file`) to the running daemon, on the broker's
+  // thread, without dropping sessions: tenants (weights, limits, quotas, FPS targets, uids,
+  // tokens; tenants added at run time stay unless the file now names them), [limits], admins
+  // and the unknown-peer rules. An invalid result is refused whole and the running config
+  // stays. Keys that need a restart are named in `restart_needed` and not applied.
+  Status Reload(const DaemonOptions& file, std::vector<std::string>* restart_needed = nullptr);
+  // The usage ledger (nullptr without [daemon] ledger).
+  const Ledger* ledger() const { return ledger_.get(); }
 
  private:
   Server() = default;
@@ -115,6 +128,17 @@ class Server {
     double fps = 0;
   };
   void ServeFrames(Pending& p, uint64_t seq, const FramesRequest& op);
+  // `gmux usage` / `gmux tenant` (an AdminOp): JSON arguments in, JSON answer out.
+  void ServeAdmin(Pending& p, uint64_t seq, const std::string& command, const std::string& args);
+  Result<std::string> AdminUsage(const Pending& p, const std::string& args);
+  Result<std::string> AdminTenant(const Pending& p, const std::string& args);
+  // Makes `next` the running options (validated first; nothing changes on an error): the
+  // weights, limits, quotas and FPS targets of connected tenants change in place.
+  Status ApplyOptions(DaemonOptions next);
+  nlohmann::json TenantJson(const TenantConfig& t) const;
+  // Runs `fn` on the broker thread and waits for it (at most 10 s).
+  Status OnBroker(std::function<Status()> fn);
+  void RunBrokerTasks();
   // A frame agent's hello: its socket goes to the frame controller. False: drop it.
   bool AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& program,
                        const std::string& renderer);
@@ -147,6 +171,11 @@ class Server {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<FrameHub> frames_;  // frame agents (vGASA)
   std::unique_ptr<MetricsEndpoint> metrics_;  // [daemon] metrics_listen
+  std::unique_ptr<Ledger> ledger_;            // [daemon] ledger
+  // Tenants added with `gmux tenant add` (not in the config file): kept across SIGHUP.
+  std::set<std::string> runtime_tenants_;
+  std::mutex tasks_mu_;
+  std::deque<std::function<void()>> tasks_;   // for the broker thread (OnBroker)
   int listen_fd_ = -1;
   int tcp_fd_ = -1;
   uint16_t tcp_port_ = 0;

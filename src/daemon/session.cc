@@ -1215,6 +1215,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     case wire::Request::FRAMES:
       return {CL_INVALID_OPERATION, "`gmux frames` is asked on a control connection"};
 
+    case wire::Request::ADMIN:
+      return {CL_INVALID_OPERATION, "`gmux usage` and `gmux tenant` ask on a control connection"};
+
     case wire::Request::STATS: {
       auto s = root.initStats();
       s.setLiveBackendObjects(LiveBackendObjects());

@@ -393,7 +393,16 @@ struct Request {
     lease @29 :LeaseOp;            # control connections only: `gmux lease`
     frame @30 :FrameReport;        # frame agents only; seq != 0 asks for a FrameDecision
     frames @31 :FramesOp;          # control connections only: `gmux frames`
+    admin @32 :AdminOp;            # control connections only: `gmux usage`, `gmux tenant`
   }
+}
+
+# `gmux usage` and `gmux tenant` (docs/operations.md, "Usage ledger", "Tenants at run time"): a
+# command and its arguments, a JSON object; answered with Reply.admin, a JSON object, or an
+# error status and message.
+struct AdminOp {
+  command @0 :Text;                # "usage" or "tenant"
+  args @1 :Text;                   # JSON object (see docs/protocol.md, "Admin requests")
 }
 
 # A frame agent's report at a frame boundary (docs/protocol.md, "Frame agents"). Times are the
@@ -465,5 +474,6 @@ struct Reply {
     lease @10 :Text;               # JSON: the LeaseOp's answer
     frame @11 :FrameDecision;
     frames @12 :Text;              # JSON: the FramesOp's answer
+    admin @13 :Text;               # JSON: the AdminOp's answer
   }
 }

@@ -5,12 +5,46 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "daemon/config.h"
 #include "daemon/server.h"
+
+namespace {
+
+// SIGHUP: the config file read again and applied; an invalid file changes nothing.
+void Reload(gmux::daemon::Server& server, const std::string& config_path,
+            const std::function<void(gmux::daemon::DaemonOptions&)>& overrides) {
+  if (config_path.empty()) {
+    std::fprintf(stderr, "gmuxd: SIGHUP: started without --config, nothing to re-read\n");
+    return;
+  }
+  auto loaded = gmux::daemon::LoadDaemonConfig(config_path);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "gmuxd: reload refused, the running config stays: %s\n",
+                 loaded.status().message().c_str());
+    return;
+  }
+  overrides(*loaded);
+  std::vector<std::string> restart;
+  gmux::Status s = server.Reload(*loaded, &restart);
+  if (!s.ok()) {
+    std::fprintf(stderr, "gmuxd: reload refused, the running config stays: %s: %s\n",
+                 config_path.c_str(), s.message().c_str());
+    return;
+  }
+  std::string keys;
+  for (const std::string& k : restart) keys += (keys.empty() ? "" : ", ") + k;
+  std::fprintf(stderr, "gmuxd: reloaded %s (%zu tenants)%s%s\n", config_path.c_str(),
+               loaded->tenants.size(), keys.empty() ? "" : "; changed but needing a restart: ",
+               keys.c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"gmuxd: shares OpenCL devices among tenants"};
@@ -38,15 +72,20 @@ int main(int argc, char** argv) {
     }
     options = std::move(loaded).value();
   }
-  if (!socket_path.empty()) options.socket_path = socket_path;
-  if (!listen.empty()) options.listen = listen;
-  if (!backend_library.empty()) options.backend.library = backend_library;
+  // The command line overrides the file, at start and at each reload.
+  auto overrides = [&](gmux::daemon::DaemonOptions& o) {
+    if (!socket_path.empty()) o.socket_path = socket_path;
+    if (!listen.empty()) o.listen = listen;
+    if (!backend_library.empty()) o.backend.library = backend_library;
+  };
+  overrides(options);
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);  // re-read the config file
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -97,6 +136,11 @@ int main(int argc, char** argv) {
   int sig = -1;
   for (;;) {
     sig = sigtimedwait(&set, nullptr, timeout);
+    if (sig == SIGHUP) {
+      Reload(**server, config_path, overrides);
+      sig = -1;
+      errno = EINTR;
+    }
     if (sig > 0 || errno != EINTR) break;
     if (timeout != nullptr) {
       auto left = until - std::chrono::steady_clock::now();

@@ -1,0 +1,312 @@
+// The broker's operator requests: `gmux usage` (the ledger), `gmux tenant` (tenants at run
+// time), and SIGHUP's reload. All of it runs on the broker thread, which owns options_.
+#include <unistd.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "daemon/server.h"
+#include "daemon/server_pending.h"
+
+namespace gmux::daemon {
+namespace {
+
+namespace wire = proto::wire;
+
+// Invalid UTF-8 in a tenant's text (a name from a config) must not make json::dump throw.
+constexpr auto kReplaceBadUtf8 = nlohmann::json::error_handler_t::replace;
+
+Duration SecondsToDuration(double s) {
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
+}
+
+Result<double> NumberArg(const nlohmann::json& args, const char* key, double fallback) {
+  auto it = args.find(key);
+  if (it == args.end() || it->is_null()) return fallback;
+  if (!it->is_number()) return InvalidArgument(std::string("'") + key + "' must be a number");
+  return it->get<double>();
+}
+
+Result<std::string> StringArg(const nlohmann::json& args, const char* key) {
+  auto it = args.find(key);
+  if (it == args.end() || it->is_null()) return std::string();
+  if (!it->is_string()) return InvalidArgument(std::string("'") + key + "' must be a string");
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+void Server::ServeAdmin(Pending& p, uint64_t seq, const std::string& command,
+                        const std::string& args) {
+  Result<std::string> answer = InvalidArgument("unknown request '" + command +
+                                               "' (expected usage or tenant)");
+  if (command == "usage") answer = AdminUsage(p, args);
+  if (command == "tenant") answer = AdminTenant(p, args);
+  if (!answer.ok()) {
+    ReplyError(p.fd, seq, "gmuxd: " + answer.status().message());
+    return;
+  }
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(seq);
+  rep.setStatus(CL_SUCCESS);
+  rep.setAdmin(*answer);
+  ReplyBlocking(p.fd, b).IgnoreError();
+}
+
+Result<std::string> Server::AdminUsage(const Pending& p, const std::string& text) {
+  if (!ledger_) {
+    return FailedPrecondition("this gmuxd keeps no usage ledger (set [daemon] ledger in its "
+                              "config)");
+  }
+  nlohmann::json args = nlohmann::json::parse(text, nullptr, false);
+  if (args.is_discarded() || !args.is_object()) {
+    return InvalidArgument("usage: the arguments are not a JSON object");
+  }
+  LedgerQuery q;
+  GMUX_ASSIGN_OR_RETURN(q.since, NumberArg(args, "since", 0));
+  GMUX_ASSIGN_OR_RETURN(q.until, NumberArg(args, "until", 0));
+  GMUX_ASSIGN_OR_RETURN(std::string tenant, StringArg(args, "tenant"));
+  GMUX_ASSIGN_OR_RETURN(double max_rows, NumberArg(args, "max_rows", 100000));
+  q.max_rows = static_cast<uint64_t>(std::clamp(max_rows, 1.0, 1e6));
+  auto rows = args.find("rows");
+  q.rows = rows != args.end() && rows->is_boolean() && rows->get<bool>();
+  if (!p.admin) {
+    // A tenant sees its own books only.
+    if (!tenant.empty() && tenant != p.tenant.name) {
+      return PermissionDenied("usage: only operators (root, admin_uids, admin_tokens) see "
+                              "another tenant's usage");
+    }
+    tenant = p.tenant.name;
+  }
+  if (!tenant.empty()) q.tenant = tenant;
+  GMUX_ASSIGN_OR_RETURN(std::vector<LedgerEntry> entries, ledger_->Query(q));
+  nlohmann::json out = {{"ledger", ledger_->path()},
+                        {"interval_s", options_.ledger_interval_s},
+                        {"since", q.since},
+                        {"until", q.until},
+                        {"rows", q.rows},
+                        {"tenant", q.tenant ? nlohmann::json(*q.tenant) : nlohmann::json()}};
+  nlohmann::json list = nlohmann::json::array();
+  for (const LedgerEntry& e : entries) {
+    list.push_back({{"tenant", e.tenant},
+                    {"device", e.device},
+                    {"device_name", e.device_name},
+                    {"start", e.start},
+                    {"end", e.end},
+                    {"device_s", e.device_s},
+                    {"commands", e.commands},
+                    {"bytes", e.bytes},
+                    {"memory_byte_s", e.memory_byte_s},
+                    {"lease_s", e.lease_s},
+                    {"intervals", e.rows}});
+  }
+  out["entries"] = std::move(list);
+  return out.dump(-1, ' ', false, kReplaceBadUtf8);
+}
+
+nlohmann::json Server::TenantJson(const TenantConfig& t) const {
+  const TenantLimits& l = t.limits;
+  auto id = tenant_ids_.find(t.name);
+  int sessions = 0;
+  if (id != tenant_ids_.end()) {
+    auto n = tenant_sessions_.find(id->second);
+    if (n != tenant_sessions_.end()) sessions = n->second;
+  }
+  return {{"name", t.name},
+          {"weight", t.weight},
+          {"uids", t.uids},
+          {"tokens", t.tokens.size()},  // never the tokens themselves
+          {"fps_target", t.fps_target},
+          {"origin", runtime_tenants_.count(t.name) != 0 ? "run-time" : "config"},
+          {"sessions", sessions},
+          {"limits",
+           {{"command_time_limit_s", l.command_time_limit_s},
+            {"max_queued_commands", l.max_queued_commands},
+            {"max_events", l.max_events},
+            {"max_objects", l.max_objects},
+            {"max_bulk_bytes", l.max_bulk_bytes},
+            {"worker_memory_bytes", l.worker_memory_bytes},
+            {"worker_open_files", l.worker_open_files},
+            {"memory_quota", l.memory_quota}}}};
+}
+
+Result<std::string> Server::AdminTenant(const Pending& p, const std::string& text) {
+  nlohmann::json args = nlohmann::json::parse(text, nullptr, false);
+  if (args.is_discarded() || !args.is_object()) {
+    return InvalidArgument("tenant: the arguments are not a JSON object");
+  }
+  GMUX_ASSIGN_OR_RETURN(std::string action, StringArg(args, "action"));
+  GMUX_ASSIGN_OR_RETURN(std::string name, StringArg(args, "name"));
+  GMUX_ASSIGN_OR_RETURN(std::string table, StringArg(args, "toml"));
+  if (action == "list") {
+    nlohmann::json list = nlohmann::json::array();
+    for (const TenantConfig& t : options_.tenants) {
+      if (p.admin || t.name == p.tenant.name) list.push_back(TenantJson(t));
+    }
+    nlohmann::json out = {{"tenants", std::move(list)}};
+    if (!p.admin) out["note"] = "a tenant sees its own entry only";
+    return out.dump(-1, ' ', false, kReplaceBadUtf8);
+  }
+  if (action != "add" && action != "set" && action != "remove") {
+    return InvalidArgument("tenant: unknown action '" + action +
+                           "' (expected list, add, set or remove)");
+  }
+  if (!p.admin) {
+    return PermissionDenied("tenant " + action + ": changing tenants is for operators (root, "
+                            "[daemon] admin_uids or admin_tokens)");
+  }
+  if (name.empty()) return InvalidArgument("tenant " + action + ": name a tenant");
+  auto at = std::find_if(options_.tenants.begin(), options_.tenants.end(),
+                         [&](const TenantConfig& t) { return t.name == name; });
+  DaemonOptions next = options_;
+  auto next_at = next.tenants.begin() + (at - options_.tenants.begin());
+  TenantConfig changed;
+  const std::string origin = "gmux tenant " + action;
+  if (action == "add") {
+    if (at != options_.tenants.end()) {
+      return AlreadyExists("tenant add: '" + name + "' exists (use gmux tenant set)");
+    }
+    TenantConfig base;
+    base.name = name;
+    base.limits = options_.limits;
+    GMUX_ASSIGN_OR_RETURN(changed, ParseTenantTable(table, origin, base));
+    if (changed.name != name) return InvalidArgument(origin + ": the table names another tenant");
+    next.tenants.push_back(changed);
+  } else if (at == options_.tenants.end()) {
+    return NotFound("tenant " + action + ": no tenant '" + name + "'");
+  } else if (action == "set") {
+    GMUX_ASSIGN_OR_RETURN(changed, ParseTenantTable(table, origin, *at));
+    if (changed.name != name) {
+      return InvalidArgument(origin + ": a tenant cannot be renamed (remove it and add it)");
+    }
+    *next_at = changed;
+  } else {
+    changed = *at;
+    next.tenants.erase(next_at);
+  }
+  GMUX_RETURN_IF_ERROR(ApplyOptions(std::move(next)));
+  if (action == "add") runtime_tenants_.insert(name);
+  if (action == "remove") runtime_tenants_.erase(name);
+  std::fprintf(stderr, "gmuxd: tenant '%s' %s by %s (weight %g)\n", name.c_str(),
+               action == "add" ? "added" : action == "set" ? "changed" : "removed",
+               p.tcp ? "an admin token" : ("uid " + std::to_string(p.uid)).c_str(),
+               changed.weight);
+  nlohmann::json out = {{"ok", true}, {"action", action}, {"tenant", TenantJson(changed)}};
+  if (action == "remove") {
+    out["note"] = "sessions already connected keep running with the tenant's last settings";
+  }
+  return out.dump(-1, ' ', false, kReplaceBadUtf8);
+}
+
+Status Server::ApplyOptions(DaemonOptions next) {
+  GMUX_RETURN_IF_ERROR(next.Validate());
+  std::map<std::string, double> targets;
+  for (const TenantConfig& t : next.tenants) {
+    targets[t.name] = t.fps_target;
+    auto id = tenant_ids_.find(t.name);
+    if (id == tenant_ids_.end()) continue;  // never connected: nothing runs to change
+    scheduler_->SetTenant(id->second, t.weight,
+                          SecondsToDuration(t.limits.command_time_limit_s));
+    scheduler_->SetMemoryQuota(id->second, t.limits.memory_quota);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [sid, s] : sessions_) {
+        if (s.tenant == id->second) s.limits = t.limits;
+      }
+    }
+    ShareLimits(id->second, 0);
+  }
+  frames_->SetTenantTargets(targets);
+  options_ = std::move(next);
+  return Status::Ok();
+}
+
+Status Server::OnBroker(std::function<Status()> fn) {
+  if (!thread_.joinable() || stopping_) return fn();  // nothing else runs on options_
+  auto done = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = done->get_future();
+  {
+    std::lock_guard<std::mutex> lock(tasks_mu_);
+    tasks_.push_back([fn = std::move(fn), done] { done->set_value(fn()); });
+  }
+  char c = 1;
+  (void)!::write(wake_pipe_[1], &c, 1);
+  if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    return Unavailable("gmuxd's broker did not take the change within 10 s");
+  }
+  return f.get();
+}
+
+void Server::RunBrokerTasks() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::lock_guard<std::mutex> lock(tasks_mu_);
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+Status Server::Reload(const DaemonOptions& file, std::vector<std::string>* restart_needed) {
+  auto restart = std::make_shared<std::vector<std::string>>();
+  Status s = OnBroker([this, file, restart]() -> Status {
+    const DaemonOptions& o = options_;
+    // What a running daemon cannot change: named, left as it is.
+    auto differs = [&](const char* key, bool changed) {
+      if (changed) restart->push_back(key);
+    };
+    differs("daemon.socket", file.socket_path != o.socket_path);
+    differs("daemon.listen", file.listen != o.listen);
+    differs("daemon.metrics_listen", file.metrics_listen != o.metrics_listen);
+    differs("daemon.ledger", file.ledger != o.ledger ||
+                                 file.ledger_interval_s != o.ledger_interval_s);
+    differs("daemon.worker_path", file.worker_path != o.worker_path);
+    differs("daemon.worker_user", file.worker_user != o.worker_user);
+    differs("daemon.memory_slots", file.memory_slots != o.memory_slots ||
+                                       file.slot_bytes != o.slot_bytes ||
+                                       file.memory_bytes != o.memory_bytes);
+    differs("daemon.inflight_per_device", file.inflight_per_device != o.inflight_per_device);
+    differs("daemon.max_sessions", file.max_sessions != o.max_sessions);
+    differs("backend", file.backend.library != o.backend.library);
+    differs("scheduler.policy", file.policy != o.policy || file.policy_params != o.policy_params);
+    differs("scheduler.device", file.exclusive_devices != o.exclusive_devices);
+    differs("frames", file.frames.policy != o.frames.policy ||
+                          file.frames.criterion_fps != o.frames.criterion_fps);
+    DaemonOptions next = options_;
+    next.limits = file.limits;
+    next.admin_uids = file.admin_uids;
+    next.admin_tokens = file.admin_tokens;
+    next.unknown_peers = file.unknown_peers;
+    next.unknown_tokens = file.unknown_tokens;
+    next.default_tenant = file.default_tenant;
+    next.handshake_timeout_s = file.handshake_timeout_s;
+    next.max_unidentified = file.max_unidentified;
+    next.max_connections_per_identity = file.max_connections_per_identity;
+    next.log_level = file.log_level;
+    // The file's tenants, and those added at run time that the file does not name.
+    next.tenants = file.tenants;
+    std::set<std::string> taken_over;
+    for (const std::string& name : runtime_tenants_) {
+      auto in_file = std::find_if(file.tenants.begin(), file.tenants.end(),
+                                  [&](const TenantConfig& t) { return t.name == name; });
+      if (in_file != file.tenants.end()) {
+        taken_over.insert(name);
+        continue;
+      }
+      for (const TenantConfig& t : options_.tenants) {
+        if (t.name == name) next.tenants.push_back(t);
+      }
+    }
+    GMUX_RETURN_IF_ERROR(ApplyOptions(std::move(next)));
+    for (const std::string& name : taken_over) runtime_tenants_.erase(name);
+    return Status::Ok();
+  });
+  if (restart_needed != nullptr) *restart_needed = *restart;
+  return s;
+}
+
+}  // namespace gmux::daemon

@@ -1,0 +1,35 @@
+// Server::Pending: a connection before its worker has it (server.cc, server_admin.cc).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "daemon/server.h"
+#include "proto/frame.h"
+
+namespace gmux::daemon {
+
+struct Server::Pending {
+  int fd = -1;
+  bool tcp = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
+  std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address
+  std::chrono::steady_clock::time_point deadline;
+  std::vector<uint8_t> buf;
+  size_t need = proto::kHeaderBytes;
+  bool have_header = false;
+  bool said_hello = false;  // a control connection: the next frame is its request
+  bool control = false;
+  bool admin = false;
+  bool waiting = false;  // identified; waits for a worker of `key`
+  WorkerKey key;
+  TenantConfig tenant;
+  TenantId tenant_id = 0;
+};
+
+}  // namespace gmux::daemon
