@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "demo_common.h"
+
 namespace gmux::cli {
 namespace {
 
@@ -343,7 +345,7 @@ int RunBench(const BenchOptions& o) {
     if (sizes.empty()) sizes = {4096, 1u << 20};
   }
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
-  const std::string icd = (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string();
+  const std::string icd = IcdBeside(exe);
 
   Daemon daemon;
   daemon.socket = o.socket;

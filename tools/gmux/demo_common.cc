@@ -40,10 +40,20 @@ bool WriteAll(int fd, const std::string& out) {
   return true;
 }
 
+std::string IcdBeside(const std::filesystem::path& exe) {
+  const std::filesystem::path lib = exe.parent_path().parent_path() / "lib";
+  const std::filesystem::path built = lib / "libgmux-icd.so";
+  const std::filesystem::path installed = lib / "gmux" / "libgmux-icd.so";
+  std::error_code ec;
+  return (!std::filesystem::exists(built, ec) && std::filesystem::exists(installed, ec))
+             ? installed.string()
+             : built.string();
+}
+
 bool DemoPaths::Find(const char* tool) {
   std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
   gmuxd = (exe.parent_path() / "gmuxd").string();
-  icd = (exe.parent_path().parent_path() / "lib" / "libgmux-icd.so").string();
+  icd = IcdBeside(exe);
   if (std::filesystem::exists(gmuxd) && std::filesystem::exists(icd)) return true;
   std::cerr << tool << ": needs " << gmuxd << " and " << icd
             << " (build the gmuxd and gmux-icd targets)\n";

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -17,7 +18,12 @@ std::vector<std::string> SplitList(const std::string& s);
 // Writes all of `out` to `fd`; false when the descriptor fails.
 bool WriteAll(int fd, const std::string& out);
 
-// This build's gmuxd and libgmux-icd.so, beside the running gmux binary.
+// The gmux ICD that goes with the gmux binary at `exe`: lib/libgmux-icd.so of its build tree,
+// else lib/gmux/libgmux-icd.so of its install prefix (packaging/CMakeLists.txt); the build
+// tree's path when neither exists.
+std::string IcdBeside(const std::filesystem::path& exe);
+
+// This build's (or installation's) gmuxd, beside the running gmux binary, and its ICD.
 struct DemoPaths {
   std::string gmuxd, icd;
   // False (and a message naming `tool` on stderr) when either is missing.
