@@ -4,12 +4,12 @@
 set -euo pipefail
 
 packages=(
-  # toolchain
-  build-essential cmake ninja-build pkg-config git
-  # core / sim / CLI
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
-  # tests and benchmarks
-  googletest libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
+  # toolchain; dpkg-dev's dpkg-shlibdeps fills in the Debian package's Depends (cpack -G DEB)
+  build-essential cmake ninja-build pkg-config git dpkg-dev
+  # core / sim / CLI (ncurses: the live view of `gmux top`)
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libncurses-dev
+  # tests and benchmarks (tmux: `gmux top`'s test drives the live view in a detached session)
+  googletest libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev tmux
   # sanitizer and fuzz stages of scripts/test.sh: gcc's sanitizer runtimes come with gcc; the
   # fuzz targets need clang with libFuzzer, and llvm-symbolizer names the frames of its reports
   clang-14 libclang-rt-14-dev llvm-14

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "core/frame_controller.h"
 #include "core/sla_policy.h"
 #include "proto/frame.h"
@@ -281,7 +283,7 @@ Status FrameHub::Adopt(int fd, const AgentInfo& info) {
   Agent& ref = *a;
   agents_.push_back(std::move(a));
   if (std::isfinite(ref.ctl.reference_fps())) Send(ref, 0, 0, true);
-  std::fprintf(stderr, "gmuxd: frame agent %llu: tenant %s, pid %d, %s on '%s' (%s)\n",
+  spdlog::info("frame agent {}: tenant {}, pid {}, {} on '{}' ({})",
                static_cast<unsigned long long>(ref.id), info.tenant_name.c_str(),
                static_cast<int>(info.pid), info.program.c_str(), info.renderer.c_str(),
                ref.group->policy.c_str());
@@ -308,7 +310,7 @@ void FrameHub::Drop(Agent& a, const std::string& why) {
     auto bytes = proto::EncodeFrame(proto::FrameKind::kReply, b);
     if (bytes.ok()) (void)!::send(a.fd, bytes->data(), bytes->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     ++dropped_;
-    std::fprintf(stderr, "gmuxd: frame agent %llu (tenant %s, pid %d) dropped: %s\n",
+    spdlog::warn("frame agent {} (tenant {}, pid {}) dropped: {}",
                  static_cast<unsigned long long>(a.id), a.info.tenant_name.c_str(),
                  static_cast<int>(a.info.pid), why.c_str());
   }

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include <spdlog/spdlog.h>
+
 namespace gmux::daemon {
 namespace {
 
@@ -228,7 +230,7 @@ void Ledger::Loop() {
     if (!s.ok() && s.message() != last_error_) {
       // Logged once per distinct failure (a full disk would otherwise log every interval);
       // the counters keep growing, so the next successful booking includes what was missed.
-      std::fprintf(stderr, "gmuxd: %s\n", s.message().c_str());
+      spdlog::warn("{}", s.message());
     }
     if (!s.ok()) last_error_ = s.message();
   }
@@ -310,7 +312,7 @@ void Ledger::Stop() {
   cv_.notify_all();
   thread_.join();
   Status s = BookNow();
-  if (!s.ok()) std::fprintf(stderr, "gmuxd: %s\n", s.message().c_str());
+  if (!s.ok()) spdlog::warn("{}", s.message());
 }
 
 Result<std::vector<LedgerEntry>> Ledger::Query(const std::string& path, const LedgerQuery& q) {

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "core/split_policy.h"
 
 namespace gmux::daemon {
@@ -655,9 +657,8 @@ bool Scheduler::EndIfStopped(Worker& w, const char* what) {
   if (!w.stopped_since) w.stopped_since = now;
   if (now - *w.stopped_since < kStoppedGrace) return false;
   auto t = tenants_.find(w.tenant);
-  std::fprintf(stderr,
-               "gmuxd: tenant '%s' (session %llu): its worker (pid %d) was stopped while others "
-               "waited for %s; ending its session\n",
+  spdlog::warn("tenant '{}' (session {}): its worker (pid {}) was stopped while others "
+               "waited for {}; ending its session",
                t != tenants_.end() ? t->second.name.c_str() : "?",
                static_cast<unsigned long long>(w.session), static_cast<int>(w.pid), what);
   if (t != tenants_.end()) ++t->second.watchdog_kills;
@@ -675,9 +676,8 @@ void Scheduler::Watchdog() {
                                  ? t->second.command_time_limit
                                  : std::chrono::duration_cast<Duration>(kRevokeLimit);
       if (now - d.revoke_since > limit) {
-        std::fprintf(stderr,
-                     "gmuxd: watchdog: session %llu (worker pid %d) did not give back express "
-                     "dispatch within %.1f s; ending its session\n",
+        spdlog::warn("watchdog: session {} (worker pid {}) did not give back express "
+                     "dispatch within {:.1f} s; ending its session",
                      static_cast<unsigned long long>(h.session), static_cast<int>(h.pid),
                      ToSeconds(limit));
         if (t != tenants_.end()) ++t->second.watchdog_kills;
@@ -701,9 +701,8 @@ void Scheduler::Watchdog() {
     if (t == tenants_.end() || t->second.command_time_limit.count() <= 0) continue;
     const TimePoint since = std::max(f.released, d.head_since);
     if (now - since <= t->second.command_time_limit) continue;
-    std::fprintf(stderr,
-                 "gmuxd: watchdog: tenant '%s' (session %llu, worker pid %d) held a device "
-                 "%.1f s, past its command time limit of %.1f s; ending its session\n",
+    spdlog::warn("watchdog: tenant '{}' (session {}, worker pid {}) held a device "
+                 "{:.1f} s, past its command time limit of {:.1f} s; ending its session",
                  t->second.name.c_str(), static_cast<unsigned long long>(f.worker->session),
                  static_cast<int>(f.worker->pid), ToSeconds(now - since),
                  ToSeconds(t->second.command_time_limit));
@@ -853,9 +852,8 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
     // A worker that does not move its data off in time is not waited for any longer: it ends,
     // and its data with it (its tenant's next session starts afresh).
     for (Worker* w : WaitingWorkers(*d.switching)) {
-      std::fprintf(stderr,
-                   "gmuxd: tenant '%s' (session %llu) did not move its device memory off device "
-                   "%u within %.0f s; ending its session\n",
+      spdlog::warn("tenant '{}' (session {}) did not move its device memory off device "
+                   "{} within {:.0f} s; ending its session",
                    tenants_[w->tenant].name.c_str(), static_cast<unsigned long long>(w->session),
                    di, ToSeconds(kEvictTimeout));
       Drop(*w, GoneReason::kWatchdog);

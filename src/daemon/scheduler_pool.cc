@@ -29,6 +29,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "daemon/scheduler.h"
 
 namespace gmux::daemon {
@@ -143,6 +145,7 @@ void Scheduler::PoolEvents() {
       case core::PoolEventKind::kAttachStarted: {
         pd.holder = e.tenant;
         pd.held_since = Now();
+        spdlog::info("pool: device {} lent to tenant '{}'", pd.backend, tenants_[e.tenant].name);
         PoolTenant& pt = PoolTenantOf(e.tenant);
         pt.device = e.device;
         pt.usable = false;
@@ -167,6 +170,8 @@ void Scheduler::PoolEvents() {
         if (auto t = tenants_.find(e.tenant); t != tenants_.end()) {
           UsageOf(t->second, pd.backend).lease_s += ToSeconds(Now() - pd.held_since);
         }
+        spdlog::info("pool: device {} given back by tenant '{}' ({})", pd.backend,
+                     tenants_[e.tenant].name, core::ReleaseReasonName(e.reason));
         pd.holder = kNoTenant;
         pd.drained_from = e.tenant;
         pd.drain_reason = std::string(core::ReleaseReasonName(e.reason));
@@ -214,7 +219,7 @@ void Scheduler::PoolDrained(uint32_t index) {
             ++pool_.detach_hooks;
             if (!ok) {
               ++pool_.hook_failures;
-              std::fprintf(stderr, "gmuxd: pool: detach hook for device %u failed: %s\n",
+              spdlog::warn("pool: detach hook for device {} failed: {}",
                            d.backend, why.c_str());
             }
             if (d.attach_waiting) PoolAttach(index);
@@ -254,7 +259,7 @@ void Scheduler::PoolAttach(uint32_t index) {
             }
             if (ok) return PoolGranted(index);
             ++pool_.hook_failures;
-            std::fprintf(stderr, "gmuxd: pool: attach hook for device %u failed: %s\n", d.backend,
+            spdlog::warn("pool: attach hook for device {} failed: {}", d.backend,
                          why.c_str());
             PoolRefuse(holder, ctl::LeaseVerdict::kHookFailed);
           });
@@ -417,9 +422,8 @@ void Scheduler::PoolTick() {
     }
     pd.draining.clear();
     for (Worker* w : late) {
-      std::fprintf(stderr,
-                   "gmuxd: pool: session %llu did not give device %u back within %.0f s; "
-                   "ending it\n",
+      spdlog::warn("pool: session {} did not give device {} back within {:.0f} s; "
+                   "ending it",
                    static_cast<unsigned long long>(w->session), pd.backend,
                    ToSeconds(kDrainTimeout));
       Drop(*w, GoneReason::kWatchdog);

@@ -29,6 +29,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "daemon/control.h"
 #include "daemon/server_pending.h"
 #include "daemon/session.h"
@@ -138,6 +140,12 @@ Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
     std::error_code ec;
     auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
     s->worker_path_ = (self.parent_path() / "gmux-worker").string();
+    // An installed gmuxd (bin/) finds its worker in libexec/gmux/.
+    const std::string installed =
+        (self.parent_path() / GMUX_WORKER_FROM_BINDIR).lexically_normal().string();
+    if (::access(s->worker_path_.c_str(), X_OK) != 0 && ::access(installed.c_str(), X_OK) == 0) {
+      s->worker_path_ = installed;
+    }
   }
   if (::access(s->worker_path_.c_str(), X_OK) != 0) {
     return FailedPrecondition("cannot run the worker program " + s->worker_path_ +
@@ -379,7 +387,7 @@ void Server::Loop() {
     for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
       Spawned w = spawning_[*it];
       spawning_.erase(spawning_.begin() + static_cast<ptrdiff_t>(*it));
-      std::fprintf(stderr, "gmuxd: worker pid %d failed to start (see its messages above)\n",
+      spdlog::warn("worker pid {} failed to start (see its messages above)",
                    static_cast<int>(w.pid));
       ::close(w.ctl);
       ::kill(w.pid, SIGKILL);
@@ -704,6 +712,8 @@ bool Server::OnFrame(Pending& p) {
     tenant = options_.TenantForUid(p.uid);
   }
   if (!tenant.ok()) {
+    // An authentication failure: worth an operator's eye (a wrong token, an unknown uid).
+    spdlog::warn("refused {}: {}", p.origin, tenant.status().message());
     ReplyError(p.fd, seq, "gmuxd: " + tenant.status().message());
     return false;
   }
@@ -851,7 +861,7 @@ bool Server::AdoptFrameAgent(Pending& p, uint64_t seq, const std::string& progra
   if (!ReplyBlocking(p.fd, b).ok()) return false;
   Status adopted = frames_->Adopt(p.fd, info);  // takes the descriptor, even on error
   if (!adopted.ok()) {
-    std::fprintf(stderr, "gmuxd: frame agent of tenant %s refused: %s\n", p.tenant.name.c_str(),
+    spdlog::warn("frame agent of tenant {} refused: {}", p.tenant.name.c_str(),
                  adopted.message().c_str());
   }
   p.fd = -1;  // the hub's now (or closed)
@@ -1002,7 +1012,7 @@ void Server::TopUpSpares(const WorkerKey& key) {
   while (have < want) {
     auto w = Spawn(key);
     if (!w.ok()) {
-      std::fprintf(stderr, "gmuxd: cannot start a worker: %s\n", w.status().message().c_str());
+      spdlog::warn("cannot start a worker: {}", w.status().message().c_str());
       return;
     }
     spawning_.push_back(std::move(*w));
@@ -1124,6 +1134,8 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
     scheduler_->SetMemoryQuota(p->tenant_id, p->tenant.limits.memory_quota);
   }
   scheduler_->AddWorker(id, p->tenant_id, w.ctl, w.pid);
+  spdlog::info("session {} of tenant '{}' started ({}, worker pid {})", id, p->tenant.name,
+               p->identity.empty() ? p->origin : p->identity, static_cast<int>(w.pid));
   ShareLimits(p->tenant_id, id);
 }
 
@@ -1137,6 +1149,10 @@ void Server::OnWorkerGone(uint64_t session, pid_t pid, Scheduler::GoneReason why
     sessions_.erase(it);
   }
   sessions_cv_.notify_all();
+  static constexpr const char* kWhy[] = {"the client closed it", "a protocol violation",
+                                         "the watchdog", "gmuxd stopping"};
+  spdlog::info("session {} of tenant '{}' ended: {}", session, s.tenant_name,
+               kWhy[std::min<size_t>(static_cast<size_t>(why), 3)]);
   ReleaseIdentity(s.identity);
   if (--tenant_sessions_[s.tenant] <= 0) {
     tenant_sessions_.erase(s.tenant);
@@ -1184,7 +1200,7 @@ void Server::Reap() {
                           : signaled  ? "died of signal " + std::to_string(WTERMSIG(st)) + " (" +
                                            strsignal(WTERMSIG(st)) + ")"
                                       : "exited with status " + std::to_string(WEXITSTATUS(st));
-        std::fprintf(stderr, "gmuxd: worker pid %d of tenant '%s' (session %llu) %s\n",
+        spdlog::info("worker pid {} of tenant '{}' (session {}) {}",
                      static_cast<int>(it->pid), s.tenant_name.c_str(),
                      static_cast<unsigned long long>(it->session), how.c_str());
         scheduler_->CountWorkerDeath(s.tenant, watchdog);

@@ -5,6 +5,8 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "daemon/server.h"
 #include "daemon/server_pending.h"
 
@@ -188,7 +190,7 @@ Result<std::string> Server::AdminTenant(const Pending& p, const std::string& tex
   GMUX_RETURN_IF_ERROR(ApplyOptions(std::move(next)));
   if (action == "add") runtime_tenants_.insert(name);
   if (action == "remove") runtime_tenants_.erase(name);
-  std::fprintf(stderr, "gmuxd: tenant '%s' %s by %s (weight %g)\n", name.c_str(),
+  spdlog::info("tenant '{}' {} by {} (weight {})", name.c_str(),
                action == "add" ? "added" : action == "set" ? "changed" : "removed",
                p.tcp ? "an admin token" : ("uid " + std::to_string(p.uid)).c_str(),
                changed.weight);

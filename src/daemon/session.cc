@@ -22,6 +22,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 namespace gmux::daemon {
 
 namespace wire = proto::wire;
@@ -146,8 +148,8 @@ void SessionCore::Queue(Out out) {
   out_.push_back(std::move(out));
   if (queued_bytes_ > kMaxUnreadReplyBytes) {
     // The client has stopped reading: it is cut off rather than let the worker grow.
-    std::fprintf(stderr, "gmux-worker: session %llu of tenant '%s' left %zu bytes of replies "
-                 "unread: disconnected\n", static_cast<unsigned long long>(id),
+    spdlog::warn("session {} of tenant '{}' left {} bytes of replies "
+                 "unread: disconnected", static_cast<unsigned long long>(id),
                  tenant_name.c_str(), queued_bytes_);
     CloseLocked();
     return;

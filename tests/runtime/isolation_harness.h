@@ -62,9 +62,10 @@ class PrivateDaemon {
   const std::string& socket() const { return socket_; }
   std::string vendors() const { return dir_ + "/vendors"; }
   int tcp_port() const { return tcp_port_; }
+  // SIGKILL to gmuxd and its workers (a crash, as far as they can tell).
+  void KillTree();
 
  private:
-  void KillTree();
   std::string dir_, socket_;
   pid_t pid_ = -1;
   bool exited_ = false;

@@ -15,16 +15,18 @@
 #include <cstring>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
 #include "daemon/backend.h"
 #include "daemon/control.h"
+#include "daemon/log.h"
 #include "daemon/session.h"
 #include "daemon/worker_queue.h"
 
 namespace {
 
 int Usage() {
-  std::fprintf(stderr,
-               "gmux-worker: started by gmuxd, not by hand.\n"
+  std::fprintf(stderr, "gmux-worker: started by gmuxd, not by hand.\n"
                "usage: gmux-worker --control-fd N [--backend-library PATH] [--vendors-dir DIR] "
                "[--platform NAME]\n");
   return 2;
@@ -45,6 +47,7 @@ bool SetLimit(int resource, uint64_t value) {
 
 int main(int argc, char** argv) {
   using namespace gmux::daemon;
+  InitLog("gmux-worker", "info");
   int ctl_fd = -1;
   BackendOptions backend_options;
   for (int i = 1; i < argc; ++i) {
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
 
   auto backend = Backend::Open(backend_options);
   if (!backend.ok()) {
-    std::fprintf(stderr, "gmux-worker: %s\n", backend.status().ToString().c_str());
+    spdlog::error("{}", backend.status().ToString());
     return 3;
   }
   ctl::WorkerUp up{static_cast<uint32_t>(::getpid()),
@@ -80,14 +83,14 @@ int main(int argc, char** argv) {
   if (!m.ok()) return 0;  // gmuxd retired this spare or stopped
   auto assign = m->As<ctl::Assign>();
   if (m->type != ctl::Type::kAssign || assign.size() != 1 || m->fd < 0) {
-    std::fprintf(stderr, "gmux-worker: expected a session from gmuxd\n");
+    spdlog::error("expected a session from gmuxd");
     return 4;
   }
   const ctl::Assign& a = assign[0];
   // The tenant's resource limits, hard and soft, before any of its requests is read: from here
   // on this process runs tenant code, which cannot raise them again (no CAP_SYS_RESOURCE).
   if (!SetLimit(RLIMIT_DATA, a.rlimit_data) || !SetLimit(RLIMIT_NOFILE, a.rlimit_nofile)) {
-    std::fprintf(stderr, "gmux-worker: cannot set the tenant's resource limits: %s\n",
+    spdlog::warn("cannot set the tenant's resource limits: {}",
                  std::strerror(errno));
     return 5;
   }

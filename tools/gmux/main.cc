@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "admin.h"
 #include "bench.h"
 #include "demo_fairness.h"
 #include "demo_memory.h"
@@ -13,6 +14,7 @@
 #include "demo_frames.h"
 #include "lease.h"
 #include "status.h"
+#include "top.h"
 #include "sim/scenario.h"
 
 namespace {
@@ -92,6 +94,8 @@ int main(int argc, char** argv) {
       "Per tenant: Kang & Yu's monitored quantities (active tenants, total, processed and\n"
       "remaining work-items), commands, dispatches (chunks count one each), device time from\n"
       "profiling (START->END per dispatch) and, under `split`, the Eq. (1) usage.");
+  gmux::cli::TopOptions top_opts;
+  CLI::App* top = gmux::cli::AddTopSubcommand(app, top_opts);
 
   CLI::App* lease = app.add_subcommand(
       "lease", "Explicit leases on gmuxd's device pool (exclusive devices, BioCloud)");
@@ -162,6 +166,75 @@ int main(int argc, char** argv) {
       "Programs opt in with LD_PRELOAD=libgmux-frame.so; their uid picks the tenant. The\n"
       "policy and targets start from the config's [frames] and fps_target (docs/operations.md,\n"
       "\"Frame-rate SLAs\"); changes made here last until gmuxd restarts.");
+
+  CLI::App* usage = app.add_subcommand(
+      "usage", "Usage booked in gmuxd's ledger: device time, commands, bytes, memory, leases");
+  gmux::cli::UsageOptions usage_opts;
+  usage->add_option("--socket", usage_opts.socket, "gmuxd's Unix socket (default: $GMUX_SOCKET)")
+      ->type_name("PATH");
+  usage->add_option("--ledger", usage_opts.ledger,
+                    "Read this ledger file directly (no daemon needed; needs read access)")
+      ->type_name("FILE");
+  usage->add_option("--since", usage_opts.since,
+                    "From: 2026-11-26, \"2026-11-26 13:00\", @UNIX, or back from now: 90m, 2h, 7d")
+      ->type_name("TIME");
+  usage->add_option("--until", usage_opts.until, "To (same forms); default: now")
+      ->type_name("TIME");
+  usage->add_option("--tenant", usage_opts.tenant,
+                    "Only this tenant (a tenant always sees only its own)");
+  usage->add_flag("--rows", usage_opts.rows,
+                  "Every booked interval instead of sums per tenant and device");
+  auto* usage_json = usage->add_flag("--json", usage_opts.json, "One JSON object");
+  usage->add_flag("--csv", usage_opts.csv, "CSV with a header line")->excludes(usage_json);
+  usage->footer(
+      "gmuxd books each tenant's use of each device every [daemon] ledger_interval_s (10 s) into\n"
+      "the SQLite file [daemon] ledger (docs/operations.md, \"Usage ledger\"). Intervals that\n"
+      "overlap [since, until) count whole. memory is reserved device memory over time.");
+
+  CLI::App* tenant = app.add_subcommand(
+      "tenant", "Tenants of a running gmuxd: list, add, set, remove (operators change them)");
+  tenant->require_subcommand(1);
+  gmux::cli::TenantOptions tenant_opts;
+  auto tenant_common = [&tenant_opts](CLI::App* c) {
+    c->add_option("--socket", tenant_opts.socket, "gmuxd's Unix socket (default: $GMUX_SOCKET)")
+        ->type_name("PATH");
+    c->add_flag("--json", tenant_opts.json, "Print the daemon's JSON");
+  };
+  auto tenant_fields = [&tenant_opts](CLI::App* c) {
+    c->add_option("name", tenant_opts.name, "The tenant's name")->required();
+    c->add_option("--weight", tenant_opts.weight, "Its weight (share against the others)")
+        ->check(CLI::PositiveNumber);
+    c->add_option("--uid", tenant_opts.uids, "A local uid that is this tenant (repeatable; "
+                  "replaces the list)")->check(CLI::NonNegativeNumber);
+    c->add_option("--token", tenant_opts.tokens, "A TCP token that is this tenant (repeatable; "
+                  "replaces the list)");
+    c->add_option("--fps-target", tenant_opts.fps_target,
+                  "Frame agents' FPS target (0: [frames] criterion_fps)");
+    c->add_option("--memory-quota", tenant_opts.memory_quota,
+                  "Device memory per device, e.g. 4GiB (0: none)")->type_name("BYTES");
+    c->add_option("--limit", tenant_opts.limits,
+                  "Any [limits] key, e.g. --limit command_time_limit_s=30 (repeatable)")
+        ->type_name("KEY=VALUE");
+  };
+  CLI::App* tenant_list = tenant->add_subcommand("list", "Every tenant (yours only, unless root "
+                                                 "or an admin)");
+  tenant_common(tenant_list);
+  CLI::App* tenant_add = tenant->add_subcommand("add", "A new tenant; unset keys take [limits]");
+  tenant_common(tenant_add);
+  tenant_fields(tenant_add);
+  CLI::App* tenant_set = tenant->add_subcommand("set", "Change the keys given; the rest stay");
+  tenant_common(tenant_set);
+  tenant_fields(tenant_set);
+  CLI::App* tenant_remove = tenant->add_subcommand("remove", "Remove a tenant");
+  tenant_common(tenant_remove);
+  tenant_remove->add_option("name", tenant_opts.name, "The tenant's name")->required();
+  tenant->footer(
+      "Changes apply at once without dropping sessions: weights, limits, quotas and FPS targets\n"
+      "of connected tenants change in place; uids and tokens pick the tenant of later\n"
+      "connections; a removed tenant's sessions keep running. Only root and [daemon]\n"
+      "admin_uids/admin_tokens may change tenants; invalid changes are refused whole.\n"
+      "Tenants added here stay across SIGHUP (unless the file then names them); changes to\n"
+      "the file's tenants last until the next reload. Not kept across a restart of gmuxd.");
 
   CLI::App* demo = app.add_subcommand("demo", "Experiments on the real runtime");
   demo->require_subcommand(1);
@@ -325,6 +398,15 @@ int main(int argc, char** argv) {
   }
   if (sim_run->parsed()) return RunSim(args);
   if (status->parsed()) return gmux::cli::RunStatus(status_socket, status_json);
+  if (top->parsed()) return gmux::cli::RunTop(top_opts);
+  if (usage->parsed()) return gmux::cli::RunUsage(usage_opts);
+  if (tenant->parsed()) {
+    const char* action = tenant_list->parsed()  ? "list"
+                         : tenant_add->parsed() ? "add"
+                         : tenant_set->parsed() ? "set"
+                                                : "remove";
+    return gmux::cli::RunTenant(action, tenant_opts);
+  }
   if (lease_acquire->parsed()) return gmux::cli::RunLeaseAcquire(lease_opts);
   if (lease_release->parsed()) return gmux::cli::RunLeaseRelease(lease_opts);
   if (lease_list->parsed()) return gmux::cli::RunLeaseList(lease_opts);

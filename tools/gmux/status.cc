@@ -30,14 +30,17 @@ Result<proto::Message> Call(int fd, capnp::MallocMessageBuilder& b) {
 
 }  // namespace
 
+std::string ControlSocketPath(const std::string& socket) {
+  if (!socket.empty()) return socket;
+  const char* env = std::getenv("GMUX_SOCKET");
+  return env != nullptr && *env != '\0' ? env : daemon::DefaultSocketPath();
+}
+
 Result<std::string> ControlRequest(const std::string& socket_arg, const char* client,
                                    const std::optional<LeaseArgs>& lease,
-                                   const std::optional<FramesArgs>& frames) {
-  std::string path = socket_arg;
-  if (path.empty()) {
-    const char* env = std::getenv("GMUX_SOCKET");
-    path = env != nullptr && *env != '\0' ? env : daemon::DefaultSocketPath();
-  }
+                                   const std::optional<FramesArgs>& frames,
+                                   const std::optional<AdminArgs>& admin) {
+  const std::string path = ControlSocketPath(socket_arg);
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long: " + path);
   addr.sun_family = AF_UNIX;
@@ -88,6 +91,10 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
       f.setRenderer(frames->renderer);
       f.setTenant(frames->tenant);
       f.setFps(frames->fps);
+    } else if (admin) {
+      auto a = sreq.initAdmin();
+      a.setCommand(admin->command);
+      a.setArgs(admin->args);
     } else {
       sreq.setStats();
     }
@@ -103,7 +110,9 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
       out = std::string(rep.getLease().cStr());
     } else if (frames && rep.isFrames()) {
       out = std::string(rep.getFrames().cStr());
-    } else if (!lease && !frames && rep.isStats()) {
+    } else if (admin && rep.isAdmin()) {
+      out = std::string(rep.getAdmin().cStr());
+    } else if (!lease && !frames && !admin && rep.isStats()) {
       out = std::string(rep.getStats().getScheduler().cStr());
       // The frame agents (vGASA) beside the scheduler's state.
       std::string fr = rep.getStats().getFrames().cStr();

@@ -27,12 +27,21 @@ struct FramesArgs {
   double fps = 0;
 };
 
+// `gmux usage` and `gmux tenant`'s request (AdminOp in gmux.capnp): a command and its JSON.
+struct AdminArgs {
+  std::string command, args;
+};
+
+// The socket a control request goes to: `socket`, else $GMUX_SOCKET, else the default.
+std::string ControlSocketPath(const std::string& socket);
+
 // One request on a control connection to gmuxd at `socket` (empty: $GMUX_SOCKET or the default):
 // Stats (the scheduler's JSON, with the frame agents under "frames") without `lease` or
 // `frames`, else the lease or frames operation's JSON answer.
 Result<std::string> ControlRequest(const std::string& socket, const char* client,
                                    const std::optional<LeaseArgs>& lease,
-                                   const std::optional<FramesArgs>& frames = std::nullopt);
+                                   const std::optional<FramesArgs>& frames = std::nullopt,
+                                   const std::optional<AdminArgs>& admin = std::nullopt);
 
 // `gmux frames list|policy|target`: prints the answer (a table, or JSON); the exit status.
 int RunFrames(const std::string& socket, const FramesArgs& args, bool json);

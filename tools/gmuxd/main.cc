@@ -10,8 +10,10 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
 
 #include "daemon/config.h"
+#include "daemon/log.h"
 #include "daemon/server.h"
 
 namespace {
@@ -20,12 +22,12 @@ namespace {
 void Reload(gmux::daemon::Server& server, const std::string& config_path,
             const std::function<void(gmux::daemon::DaemonOptions&)>& overrides) {
   if (config_path.empty()) {
-    std::fprintf(stderr, "gmuxd: SIGHUP: started without --config, nothing to re-read\n");
+    spdlog::info("SIGHUP: started without --config, nothing to re-read");
     return;
   }
   auto loaded = gmux::daemon::LoadDaemonConfig(config_path);
   if (!loaded.ok()) {
-    std::fprintf(stderr, "gmuxd: reload refused, the running config stays: %s\n",
+    spdlog::warn("reload refused, the running config stays: {}",
                  loaded.status().message().c_str());
     return;
   }
@@ -33,13 +35,13 @@ void Reload(gmux::daemon::Server& server, const std::string& config_path,
   std::vector<std::string> restart;
   gmux::Status s = server.Reload(*loaded, &restart);
   if (!s.ok()) {
-    std::fprintf(stderr, "gmuxd: reload refused, the running config stays: %s: %s\n",
+    spdlog::warn("reload refused, the running config stays: {}: {}",
                  config_path.c_str(), s.message().c_str());
     return;
   }
   std::string keys;
   for (const std::string& k : restart) keys += (keys.empty() ? "" : ", ") + k;
-  std::fprintf(stderr, "gmuxd: reloaded %s (%zu tenants)%s%s\n", config_path.c_str(),
+  spdlog::info("reloaded {} ({} tenants){}{}", config_path.c_str(),
                loaded->tenants.size(), keys.empty() ? "" : "; changed but needing a restart: ",
                keys.c_str());
 }
@@ -61,13 +63,18 @@ int main(int argc, char** argv) {
   app.add_option("--exit-after", exit_after_s,
                  "stop by itself after this many seconds (tests, demos); 0: run until signalled")
       ->check(CLI::NonNegativeNumber);
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "debug, info, warn or error (overrides [daemon] log_level; default info)")
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
+  gmux::daemon::InitLog("gmuxd", log_level.empty() ? "info" : log_level);
 
   gmux::daemon::DaemonOptions options;
   if (!config_path.empty()) {
     auto loaded = gmux::daemon::LoadDaemonConfig(config_path);
     if (!loaded.ok()) {
-      std::fprintf(stderr, "gmuxd: %s\n", loaded.status().message().c_str());
+      spdlog::error("{}", loaded.status().message());
       return 2;
     }
     options = std::move(loaded).value();
@@ -79,6 +86,7 @@ int main(int argc, char** argv) {
     if (!backend_library.empty()) o.backend.library = backend_library;
   };
   overrides(options);
+  gmux::daemon::InitLog("gmuxd", log_level.empty() ? options.log_level : log_level);
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
   sigset_t set;
@@ -91,24 +99,24 @@ int main(int argc, char** argv) {
 
   auto server = gmux::daemon::Server::Create(options);
   if (!server.ok()) {
-    std::fprintf(stderr, "gmuxd: %s\n", server.status().ToString().c_str());
+    spdlog::error("{}", server.status().ToString());
     return 1;
   }
   gmux::Status started = (*server)->Start();
   if (!started.ok()) {
-    std::fprintf(stderr, "gmuxd: %s\n", started.ToString().c_str());
+    spdlog::error("{}", started.ToString());
     return 1;
   }
   const auto& backend = (*server)->backend();
-  std::fprintf(stderr, "gmuxd: serving %zu device(s) of '%s' (%s) on %s, policy %s\n",
+  spdlog::info("serving {} device(s) of '{}' ({}) on {}, policy {}",
                backend.devices().size(), backend.PlatformName().c_str(), backend.library().c_str(),
                (*server)->socket_path().c_str(), options.policy.c_str());
   if ((*server)->tcp_port() != 0) {
-    std::fprintf(stderr, "gmuxd: listening on TCP %s, port %u\n", options.listen.c_str(),
+    spdlog::info("listening on TCP {}, port {}", options.listen.c_str(),
                  static_cast<unsigned>((*server)->tcp_port()));
   }
   if ((*server)->metrics_port() != 0) {
-    std::fprintf(stderr, "gmuxd: Prometheus metrics at %s (port %u), path /metrics\n",
+    spdlog::info("Prometheus metrics at {} (port {}), path /metrics",
                  options.metrics_listen.c_str(), static_cast<unsigned>((*server)->metrics_port()));
   }
   if (!port_file.empty()) {
@@ -117,7 +125,7 @@ int main(int argc, char** argv) {
     FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr || std::fprintf(f, "%u\n", static_cast<unsigned>((*server)->tcp_port())) < 0 ||
         std::fclose(f) != 0 || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      std::fprintf(stderr, "gmuxd: cannot write the port file %s\n", port_file.c_str());
+      spdlog::error("cannot write the port file {}", port_file);
       (*server)->Stop();
       return 1;
     }
@@ -150,7 +158,7 @@ int main(int argc, char** argv) {
       ts.tv_nsec = static_cast<long>(ns % 1000000000);
     }
   }
-  std::fprintf(stderr, "gmuxd: stopping (%s)\n", sig > 0 ? "signal" : "exit-after elapsed");
+  spdlog::info("stopping ({})", sig > 0 ? "signal" : "exit-after elapsed");
   (*server)->Stop();
   return 0;
 }
