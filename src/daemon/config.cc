@@ -1,5 +1,7 @@
 #include "daemon/config.h"
 
+#include <openssl/sha.h>
+
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -45,9 +47,30 @@ Status DaemonOptions::Validate() const {
   for (const auto& t : tenants) {
     for (const auto& tok : t.tokens) {
       if (tok.empty()) return InvalidArgument("tenant '" + t.name + "': empty token");
-      if (!tokens.insert(tok).second) return InvalidArgument("a token is given to two tenants");
+      if (tok.rfind("sha256:", 0) == 0 && !IsHashedToken(tok)) {
+        return InvalidArgument("tenant '" + t.name + "': a hashed token is \"sha256:\" and 64 "
+                               "lowercase hex digits (gmux token hash)");
+      }
+      // Plain and hashed entries of one token are the same token.
+      if (!tokens.insert(IsHashedToken(tok) ? tok : HashToken(tok)).second) {
+        return InvalidArgument("a token is given to two tenants");
+      }
     }
     if (t.name.empty()) return InvalidArgument("a tenant has an empty name");
+    // Names reach terminals, logs, CSV and metric labels: printable text only.
+    for (unsigned char c : t.name) {
+      if (c < 0x20 || c == 0x7f) {
+        return InvalidArgument("tenant name '" + t.name + "' has a control character");
+      }
+    }
+    if (t.name.size() > 128) return InvalidArgument("tenant name longer than 128 bytes");
+    // "uid-N" is the automatic tenant of uid N: a configured tenant of that name would share
+    // its books and scheduling with that uid's programs.
+    if (t.name.rfind("uid-", 0) == 0 && t.name.size() > 4 &&
+        t.name.find_first_not_of("0123456789", 4) == std::string::npos) {
+      return InvalidArgument("tenant name '" + t.name + "' is reserved for uid " +
+                             t.name.substr(4) + "'s automatic tenant");
+    }
     if (!(t.weight > 0)) return InvalidArgument("tenant '" + t.name + "': weight must be > 0");
     if (!names.insert(t.name).second) return InvalidArgument("tenant '" + t.name + "' twice");
     for (uint32_t u : t.uids) {
@@ -110,16 +133,42 @@ Result<ListenAddress> ParseListenAddress(std::string_view text) {
   return a;
 }
 
+std::string HashToken(std::string_view token) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), digest);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (unsigned char c : digest) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+bool IsHashedToken(std::string_view configured) {
+  if (configured.size() != 7 + 64 || configured.substr(0, 7) != "sha256:") return false;
+  return configured.find_first_not_of("0123456789abcdef", 7) == std::string_view::npos;
+}
+
+bool TokenMatches(std::string_view configured, std::string_view presented) {
+  if (presented.empty()) return false;
+  // A hashed entry is compared with the presented token's hash; a plain one with the token.
+  // Every byte is compared, so the time taken does not tell how much of one matched.
+  const std::string hashed = IsHashedToken(configured) ? HashToken(presented) : std::string();
+  const std::string_view want = hashed.empty() ? presented : std::string_view(hashed);
+  unsigned char diff = configured.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < configured.size(); ++i) {
+    diff |= static_cast<unsigned char>(configured[i] ^ (i < want.size() ? want[i] : 0));
+  }
+  return diff == 0;
+}
+
 Result<TenantConfig> DaemonOptions::TenantForToken(const std::string& token) const {
-  // Compare every token in full, so the time taken does not tell how much of one matched.
+  // Every entry is compared (no early exit), as TokenMatches compares every byte.
   const TenantConfig* found = nullptr;
   for (const auto& t : tenants) {
     for (const auto& tok : t.tokens) {
-      unsigned char diff = tok.size() == token.size() ? 0 : 1;
-      for (size_t i = 0; i < tok.size(); ++i) {
-        diff |= static_cast<unsigned char>(tok[i] ^ (i < token.size() ? token[i] : 0));
-      }
-      if (diff == 0 && !token.empty()) found = &t;
+      if (TokenMatches(tok, token)) found = &t;
     }
   }
   if (found != nullptr) return *found;
@@ -225,7 +274,10 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
              "worker_user", "spare_workers", "state_dir", "express_dispatch", "memory_bytes",
              "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch", "metrics_listen",
-             "ledger", "ledger_interval_s", "log_level"}));
+             "ledger", "ledger_interval_s", "log_level", "auth_failures", "auth_block_s"}));
+    GMUX_ASSIGN_OR_RETURN(int64_t af, doc.Integer(*d, "auth_failures", 5, 0, 1000000));
+    o.auth_failures = static_cast<uint32_t>(af);
+    GMUX_ASSIGN_OR_RETURN(o.auth_block_s, doc.Number(*d, "auth_block_s", 60.0, 0.01));
     GMUX_ASSIGN_OR_RETURN(o.ledger, doc.String(*d, "ledger", ""));
     GMUX_ASSIGN_OR_RETURN(o.ledger_interval_s, doc.Number(*d, "ledger_interval_s", 10.0, 0.05));
     if (o.ledger_interval_s > 86400) {

@@ -69,6 +69,14 @@ struct ListenAddress {
   std::string host;
   uint16_t port = 0;
 };
+// Tokens in a config may be stored hashed: "sha256:" and the hex SHA-256 of the token (`gmux
+// token hash`); tokens are long random strings, so one unsalted hash suffices. HashToken gives
+// that form; TokenMatches compares a configured entry (hashed or plain) with a presented
+// token in time that does not depend on where they differ.
+std::string HashToken(std::string_view token);
+bool IsHashedToken(std::string_view configured);
+bool TokenMatches(std::string_view configured, std::string_view presented);
+
 // debug, info, warn or error.
 bool ValidLogLevel(std::string_view level);
 
@@ -132,6 +140,10 @@ struct DaemonOptions {
   std::string ledger;
   double ledger_interval_s = 10;
   std::string log_level = "info";               // debug, info, warn, error
+  // This many wrong tokens presented over TCP from one address within auth_block_s refuse its
+  // connections for auth_block_s (0: never).
+  uint32_t auth_failures = 5;
+  double auth_block_s = 60;
   uint32_t socket_mode = 0666;                  // permissions of the socket file
   uint32_t max_sessions = 256;                  // identified sessions only
   double handshake_timeout_s = 5;               // a connection must say hello by then

@@ -164,6 +164,20 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, double int
                                              std::vector<std::string> device_names) {
   if (path.empty()) return InvalidArgument("ledger: no file given");
   if (!(interval_s > 0)) return InvalidArgument("ledger: the interval must be > 0");
+  // The books are gmuxd's: a file someone else made (in a shared directory, say) could carry
+  // triggers that rewrite them, or be read by others. Refused, as is a symlink.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) return FailedPrecondition("ledger: " + path + " is a symlink");
+    if (!S_ISREG(st.st_mode)) return FailedPrecondition("ledger: " + path + " is not a file");
+    if (st.st_uid != ::geteuid()) {
+      return FailedPrecondition("ledger: " + path + " belongs to uid " +
+                                std::to_string(st.st_uid) + ", not to gmuxd's user");
+    }
+    if ((st.st_mode & 022) != 0) {
+      return FailedPrecondition("ledger: " + path + " is writable by others (chmod 640 it)");
+    }
+  }
   auto l = std::unique_ptr<Ledger>(new Ledger());
   l->path_ = path;
   l->interval_s_ = interval_s;
@@ -190,6 +204,13 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, double int
   }
   GMUX_RETURN_IF_ERROR(Exec(l->db_, "PRAGMA synchronous=NORMAL"));
   GMUX_RETURN_IF_ERROR(Migrate(l->db_, path));
+  {
+    // gmux's schema has no triggers or views: anything of the kind was put there by someone else.
+    Stmt extra(l->db_, "SELECT name FROM sqlite_master WHERE type IN ('trigger', 'view')");
+    if (extra.ok() && sqlite3_step(extra.get()) == SQLITE_ROW) {
+      return FailedPrecondition("ledger: " + path + " has a trigger or view gmux did not make");
+    }
+  }
   return l;
 }
 
@@ -207,6 +228,7 @@ Status Ledger::Start(Source source) {
   Stmt st(db_, "INSERT INTO runs(started, stopped, pid, host) VALUES (?1, ?1, ?2, ?3)");
   if (!st.ok()) return SqlError(db_, "recording the run");
   last_book_ = WallNow();
+  last_alive_ = last_book_;
   sqlite3_bind_double(st.get(), 1, last_book_);
   sqlite3_bind_int64(st.get(), 2, ::getpid());
   sqlite3_bind_text(st.get(), 3, host, -1, SQLITE_TRANSIENT);
@@ -261,6 +283,7 @@ Status Ledger::BookNow() {
            " bytes, memory_byte_s, lease_s, run) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11)");
   if (!ins.ok()) return fail("booking");
   auto next = previous_;
+  size_t booked_rows = 0;
   for (const Scheduler::UsageRow& r : *rows) {
     Scheduler::UsageCounters& prev = next[{r.tenant, r.device}];
     const Scheduler::UsageCounters& cur = r.counters;
@@ -288,6 +311,14 @@ Status Ledger::BookNow() {
     sqlite3_bind_double(s, 10, lease);
     sqlite3_bind_int64(s, 11, run_id_);
     if (sqlite3_step(s) != SQLITE_DONE) return fail("booking");
+    ++booked_rows;
+  }
+  if (booked_rows == 0 && now - last_alive_ < 60) {
+    // Idle: nothing to write (the run's sign of life is refreshed once a minute).
+    Exec(db_, "ROLLBACK").IgnoreError();
+    previous_ = std::move(next);
+    last_book_ = now;
+    return Status::Ok();
   }
   Stmt run(db_, "UPDATE runs SET stopped = ?1 WHERE id = ?2");
   if (!run.ok()) return fail("booking");
@@ -298,6 +329,7 @@ Status Ledger::BookNow() {
   // Only a committed interval moves the baseline: a failed one is booked with the next.
   previous_ = std::move(next);
   last_book_ = now;
+  last_alive_ = now;
   ++booked_;
   last_error_.clear();
   return Status::Ok();
@@ -316,22 +348,40 @@ void Ledger::Stop() {
 }
 
 Result<std::vector<LedgerEntry>> Ledger::Query(const std::string& path, const LedgerQuery& q) {
-  sqlite3* db = nullptr;
-  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
-    Status s = Unavailable("ledger: cannot open " + path + ": " +
-                           (db ? sqlite3_errmsg(db) : "out of memory"));
+  // Read-only. A WAL file normally needs its -shm file (or a writable directory) even to read;
+  // after a clean stop both are gone, and a reader in gmuxd's group may not create them: then
+  // the file is read as immutable (no writer runs, or its last commit is already in the file).
+  Status first = Status::Ok();
+  for (const bool immutable : {false, true}) {
+    sqlite3* db = nullptr;
+    const std::string uri = "file:" + path + (immutable ? "?immutable=1" : "?mode=ro");
+    const int rc = sqlite3_open_v2(uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI,
+                                   nullptr);
+    if (rc != SQLITE_OK) {
+      Status s = Unavailable("ledger: cannot open " + path + ": " +
+                             (db ? sqlite3_errmsg(db) : "out of memory"));
+      sqlite3_close_v2(db);
+      if (first.ok()) first = s;
+      continue;
+    }
+    sqlite3_busy_timeout(db, 5000);
+    const int version = UserVersion(db);
+    Result<std::vector<LedgerEntry>> out = Status::Ok();
+    if (version < 0) {
+      out = Unavailable("ledger: cannot read " + path + ": " + sqlite3_errmsg(db));
+    } else if (version != kLedgerSchemaVersion) {
+      out = FailedPrecondition(
+          "ledger " + path + " has schema version " + std::to_string(version) +
+          (version == 0 ? " (not a gmux ledger, or never written)"
+                        : ", this gmux reads version " + std::to_string(kLedgerSchemaVersion)));
+    } else {
+      out = RunQuery(db, q);
+    }
     sqlite3_close_v2(db);
-    return s;
+    if (out.ok() || version >= 0) return out;  // a real answer, or a real schema mismatch
+    if (first.ok()) first = out.status();
   }
-  sqlite3_busy_timeout(db, 5000);
-  const int version = UserVersion(db);
-  Result<std::vector<LedgerEntry>> out = FailedPrecondition(
-      "ledger " + path + " has schema version " + std::to_string(version) +
-      (version == 0 ? " (not a gmux ledger, or never written)"
-                    : ", this gmux reads version " + std::to_string(kLedgerSchemaVersion)));
-  if (version == kLedgerSchemaVersion) out = RunQuery(db, q);
-  sqlite3_close_v2(db);
-  return out;
+  return first;
 }
 
 Result<std::vector<LedgerEntry>> Ledger::Query(const LedgerQuery& q) const {

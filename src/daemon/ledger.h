@@ -102,6 +102,7 @@ class Ledger {
   Source source_;
   int64_t run_id_ = 0;
   double last_book_ = 0;  // Unix seconds: the end of the last booked interval
+  double last_alive_ = 0;  // Unix seconds: the runs row's last update
   std::map<std::pair<std::string, uint32_t>, Scheduler::UsageCounters> previous_;
   std::mutex booking_mu_;  // one booking at a time
   mutable std::mutex mu_;  // guards everything above once the thread runs, and the fields below

@@ -260,7 +260,12 @@ gmux::Status Scheduler::EnableSlots(uint32_t device, const core::SlotAllocatorOp
 }
 
 void Scheduler::SetMemoryQuota(TenantId tenant, uint64_t bytes) {
-  mailbox_.Post([this, tenant, bytes] { tenants_[tenant].memory_quota = bytes; });
+  mailbox_.Post([this, tenant, bytes] {
+    // Only a tenant the scheduler knows (AddTenant comes first): a quota change for one that
+    // never ran must not create a nameless entry in the status.
+    auto it = tenants_.find(tenant);
+    if (it != tenants_.end()) it->second.memory_quota = bytes;
+  });
 }
 
 void Scheduler::OnMemReserve(Worker& w, const std::vector<ctl::MemReserve>& asks) {

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -313,11 +314,44 @@ void Server::ReleaseIdentity(const std::string& identity) {
   if (!identity.empty() && --identity_conns_[identity] <= 0) identity_conns_.erase(identity);
 }
 
+void Server::NoteAuthFailure(const std::string& origin) {
+  if (options_.auth_failures == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto window = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options_.auth_block_s));
+  // Bounded: origins whose failures are old and whose block is over are forgotten first.
+  if (auth_failures_.size() >= 4096) {
+    std::erase_if(auth_failures_, [&](const auto& e) {
+      return e.second.blocked_until <= now &&
+             (e.second.times.empty() || e.second.times.back() + window <= now);
+    });
+    if (auth_failures_.size() >= 4096) auth_failures_.erase(auth_failures_.begin());
+  }
+  AuthFailures& f = auth_failures_[origin];
+  f.times.push_back(now);
+  while (!f.times.empty() && f.times.front() + window <= now) f.times.pop_front();
+  if (f.times.size() >= options_.auth_failures) {
+    f.blocked_until = now + window;
+    f.times.clear();
+    spdlog::warn("{}: {} failed authentications within {} s; its connections are refused for "
+                 "{} s", origin, options_.auth_failures, options_.auth_block_s,
+                 options_.auth_block_s);
+  }
+}
+
+double Server::AuthBlockedFor(const std::string& origin) const {
+  auto it = auth_failures_.find(origin);
+  if (it == auth_failures_.end()) return 0;
+  return std::chrono::duration<double>(it->second.blocked_until -
+                                       std::chrono::steady_clock::now()).count();
+}
+
 bool Server::IsAdmin(const Pending& p) const {
   if (p.tcp) {
     const std::string tok = p.identity.substr(6);
-    return std::find(options_.admin_tokens.begin(), options_.admin_tokens.end(), tok) !=
-           options_.admin_tokens.end();
+    bool admin = false;
+    for (const std::string& a : options_.admin_tokens) admin = TokenMatches(a, tok) || admin;
+    return admin;
   }
   return p.uid == 0 || p.uid == ::geteuid() ||
          std::find(options_.admin_uids.begin(), options_.admin_uids.end(), p.uid) !=
@@ -511,6 +545,16 @@ void Server::Accept(int listen_fd, bool tcp) {
       p->uid = cred.uid;
       p->gid = cred.gid;
       p->origin = "uid " + std::to_string(cred.uid);
+    }
+    if (const double left = AuthBlockedFor(p->origin); left > 0) {
+      // Too many failed authentications lately: refused before reading anything.
+      char why[160];
+      std::snprintf(why, sizeof(why),
+                    "gmuxd: too many failed authentications from %s; try again in %.0f s",
+                    p->origin.c_str(), std::ceil(left));
+      ReplyError(fd, 0, why);
+      ::close(fd);
+      continue;
     }
     if (!MakeRoomForUnidentified(p->origin)) {
       ReplyError(fd, 0, "gmuxd: too many connections of " + p->origin +
@@ -714,6 +758,9 @@ bool Server::OnFrame(Pending& p) {
   if (!tenant.ok()) {
     // An authentication failure: worth an operator's eye (a wrong token, an unknown uid).
     spdlog::warn("refused {}: {}", p.origin, tenant.status().message());
+    // A wrong token is a guess; a missing one (a client not configured for TCP) or an unknown
+    // uid (rejected by policy, not guessable) is not counted against the origin.
+    if (p.tcp && !token.empty()) NoteAuthFailure(p.origin);
     ReplyError(p.fd, seq, "gmuxd: " + tenant.status().message());
     return false;
   }
@@ -880,11 +927,34 @@ void Server::ServeFrames(Pending& p, uint64_t seq, const FramesRequest& op) {
 }
 
 Status Server::ReplyBlocking(int fd, capnp::MessageBuilder& b) {
-  // A reply to a small request from a peer that is waiting for it: a blocking write is bounded.
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  timeval tv{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  return proto::WriteFrame(fd, proto::FrameKind::kReply, b, options_.frame);
+  GMUX_ASSIGN_OR_RETURN(std::vector<uint8_t> frame,
+                        proto::EncodeFrame(proto::FrameKind::kReply, b, options_.frame));
+  return SendBefore(fd, frame, std::chrono::steady_clock::now() + std::chrono::seconds(2));
+}
+
+Status SendBefore(int fd, std::span<const uint8_t> bytes,
+                  std::chrono::steady_clock::time_point deadline) {
+  // One deadline for the whole reply: a peer that reads slowly (a few bytes a second) cannot
+  // hold the sender longer, however much it lets through at a time.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return Unavailable(std::string("send: ") + std::strerror(errno));
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) return Unavailable("the peer did not read the reply in time");
+    pollfd pfd{fd, POLLOUT, 0};
+    ::poll(&pfd, 1, static_cast<int>(left));
+  }
+  return Status::Ok();
 }
 
 void Server::ReplyError(int fd, uint64_t seq, const std::string& message) {

@@ -30,6 +30,7 @@
 #include <functional>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -44,6 +45,10 @@
 #include "daemon/scheduler.h"
 
 namespace gmux::daemon {
+
+// Writes all of `bytes` to `fd` (made non-blocking) before `deadline`, or fails.
+Status SendBefore(int fd, std::span<const uint8_t> bytes,
+                  std::chrono::steady_clock::time_point deadline);
 
 class Server {
  public:
@@ -130,7 +135,14 @@ class Server {
   void ServeFrames(Pending& p, uint64_t seq, const FramesRequest& op);
   // `gmux usage` / `gmux tenant` (an AdminOp): JSON arguments in, JSON answer out.
   void ServeAdmin(Pending& p, uint64_t seq, const std::string& command, const std::string& args);
-  Result<std::string> AdminUsage(const Pending& p, const std::string& args);
+  // `gmux usage`: the caller's query (its own tenant's unless it is an admin), then answered on
+  // a thread of its own that owns `fd` (at most kMaxUsageQueries at once).
+  Result<LedgerQuery> UsageQuery(const Pending& p, const std::string& args) const;
+  static void RunUsageQuery(int fd, uint64_t seq, LedgerQuery q, std::string path,
+                            double interval_s, proto::FrameLimits limits,
+                            std::shared_ptr<std::atomic<int>> running);
+  static constexpr int kMaxUsageQueries = 4;
+  std::shared_ptr<std::atomic<int>> usage_queries_ = std::make_shared<std::atomic<int>>(0);
   Result<std::string> AdminTenant(const Pending& p, const std::string& args);
   // Makes `next` the running options (validated first; nothing changes on an error): the
   // weights, limits, quotas and FPS targets of connected tenants change in place.
@@ -159,6 +171,10 @@ class Server {
   void Reap();
   std::string CacheDirFor(const WorkerKey& key, uint64_t serial);
   bool IsAdmin(const Pending& p) const;
+  // Failed authentications per origin (a TCP peer's address, a local uid): `auth_failures`
+  // within auth_block_s block the origin's connections for auth_block_s.
+  void NoteAuthFailure(const std::string& origin);
+  double AuthBlockedFor(const std::string& origin) const;  // seconds left; <= 0: not blocked
   // One connection or session of `identity` ended (no-op for an empty identity).
   void ReleaseIdentity(const std::string& identity);
 
@@ -192,6 +208,11 @@ class Server {
   std::map<std::string, TenantId> tenant_ids_;  // name -> dense id, for the policy
   std::map<TenantId, int> tenant_sessions_;     // sessions per tenant
   std::map<std::string, int> identity_conns_;   // per uid/token: pending + sessions
+  struct AuthFailures {
+    std::deque<std::chrono::steady_clock::time_point> times;  // within the window
+    std::chrono::steady_clock::time_point blocked_until{};
+  };
+  std::map<std::string, AuthFailures> auth_failures_;
   uint64_t next_session_ = 1;
   uint64_t next_spawn_ = 1;
   struct Reaping {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <future>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include <spdlog/spdlog.h>
@@ -42,7 +43,26 @@ void Server::ServeAdmin(Pending& p, uint64_t seq, const std::string& command,
                         const std::string& args) {
   Result<std::string> answer = InvalidArgument("unknown request '" + command +
                                                "' (expected usage or tenant)");
-  if (command == "usage") answer = AdminUsage(p, args);
+  if (command == "usage") {
+    // The query and the reply run on a thread of their own: a big ledger or a slow reader must
+    // not hold the broker (every handshake waits for it).
+    Result<LedgerQuery> q = UsageQuery(p, args);
+    if (q.ok()) {
+      if (usage_queries_->fetch_add(1) >= kMaxUsageQueries) {
+        usage_queries_->fetch_sub(1);
+        q = ResourceExhausted("usage: too many usage queries at once; try again");
+      }
+    }
+    if (!q.ok()) {
+      ReplyError(p.fd, seq, "gmuxd: " + q.status().message());
+      return;
+    }
+    std::thread(RunUsageQuery, p.fd, seq, *q, ledger_->path(), options_.ledger_interval_s,
+                options_.frame, usage_queries_)
+        .detach();
+    p.fd = -1;  // the query thread's now
+    return;
+  }
   if (command == "tenant") answer = AdminTenant(p, args);
   if (!answer.ok()) {
     ReplyError(p.fd, seq, "gmuxd: " + answer.status().message());
@@ -56,7 +76,7 @@ void Server::ServeAdmin(Pending& p, uint64_t seq, const std::string& command,
   ReplyBlocking(p.fd, b).IgnoreError();
 }
 
-Result<std::string> Server::AdminUsage(const Pending& p, const std::string& text) {
+Result<LedgerQuery> Server::UsageQuery(const Pending& p, const std::string& text) const {
   if (!ledger_) {
     return FailedPrecondition("this gmuxd keeps no usage ledger (set [daemon] ledger in its "
                               "config)");
@@ -69,8 +89,11 @@ Result<std::string> Server::AdminUsage(const Pending& p, const std::string& text
   GMUX_ASSIGN_OR_RETURN(q.since, NumberArg(args, "since", 0));
   GMUX_ASSIGN_OR_RETURN(q.until, NumberArg(args, "until", 0));
   GMUX_ASSIGN_OR_RETURN(std::string tenant, StringArg(args, "tenant"));
-  GMUX_ASSIGN_OR_RETURN(double max_rows, NumberArg(args, "max_rows", 100000));
-  q.max_rows = static_cast<uint64_t>(std::clamp(max_rows, 1.0, 1e6));
+  // Rows per answer: a tenant's own at most 10,000 (a day at 10 s intervals), an operator's
+  // 100,000; the reply must also fit one frame (checked when it is built).
+  const double cap = p.admin ? 100000 : 10000;
+  GMUX_ASSIGN_OR_RETURN(double max_rows, NumberArg(args, "max_rows", cap));
+  q.max_rows = static_cast<uint64_t>(std::clamp(max_rows, 1.0, cap));
   auto rows = args.find("rows");
   q.rows = rows != args.end() && rows->is_boolean() && rows->get<bool>();
   if (!p.admin) {
@@ -82,29 +105,57 @@ Result<std::string> Server::AdminUsage(const Pending& p, const std::string& text
     tenant = p.tenant.name;
   }
   if (!tenant.empty()) q.tenant = tenant;
-  GMUX_ASSIGN_OR_RETURN(std::vector<LedgerEntry> entries, ledger_->Query(q));
-  nlohmann::json out = {{"ledger", ledger_->path()},
-                        {"interval_s", options_.ledger_interval_s},
-                        {"since", q.since},
-                        {"until", q.until},
-                        {"rows", q.rows},
-                        {"tenant", q.tenant ? nlohmann::json(*q.tenant) : nlohmann::json()}};
-  nlohmann::json list = nlohmann::json::array();
-  for (const LedgerEntry& e : entries) {
-    list.push_back({{"tenant", e.tenant},
-                    {"device", e.device},
-                    {"device_name", e.device_name},
-                    {"start", e.start},
-                    {"end", e.end},
-                    {"device_s", e.device_s},
-                    {"commands", e.commands},
-                    {"bytes", e.bytes},
-                    {"memory_byte_s", e.memory_byte_s},
-                    {"lease_s", e.lease_s},
-                    {"intervals", e.rows}});
+  return q;
+}
+
+void Server::RunUsageQuery(int fd, uint64_t seq, LedgerQuery q, std::string path,
+                           double interval_s, proto::FrameLimits limits,
+                           std::shared_ptr<std::atomic<int>> running) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(seq);
+  Result<std::vector<LedgerEntry>> entries = Ledger::Query(path, q);
+  std::string answer;
+  if (entries.ok()) {
+    nlohmann::json out = {{"ledger", path},
+                          {"interval_s", interval_s},
+                          {"since", q.since},
+                          {"until", q.until},
+                          {"rows", q.rows},
+                          {"tenant", q.tenant ? nlohmann::json(*q.tenant) : nlohmann::json()}};
+    nlohmann::json list = nlohmann::json::array();
+    for (const LedgerEntry& e : *entries) {
+      list.push_back({{"tenant", e.tenant},
+                      {"device", e.device},
+                      {"device_name", e.device_name},
+                      {"start", e.start},
+                      {"end", e.end},
+                      {"device_s", e.device_s},
+                      {"commands", e.commands},
+                      {"bytes", e.bytes},
+                      {"memory_byte_s", e.memory_byte_s},
+                      {"lease_s", e.lease_s},
+                      {"intervals", e.rows}});
+    }
+    out["entries"] = std::move(list);
+    answer = out.dump(-1, ' ', false, kReplaceBadUtf8);
   }
-  out["entries"] = std::move(list);
-  return out.dump(-1, ' ', false, kReplaceBadUtf8);
+  if (!entries.ok()) {
+    rep.setStatus(CL_INVALID_OPERATION);
+    rep.setMessage("gmuxd: " + entries.status().message());
+  } else if (answer.size() + 4096 > limits.max_payload_bytes) {
+    rep.setStatus(CL_INVALID_OPERATION);
+    rep.setMessage("gmuxd: usage: the answer is larger than one frame; narrow --since/--until "
+                   "or --tenant, or read the file with --ledger");
+  } else {
+    rep.setStatus(CL_SUCCESS);
+    rep.setAdmin(answer);
+  }
+  auto frame = proto::EncodeFrame(proto::FrameKind::kReply, b, limits);
+  if (frame.ok()) SendBefore(fd, *frame, deadline).IgnoreError();
+  ::close(fd);
+  running->fetch_sub(1);
 }
 
 nlohmann::json Server::TenantJson(const TenantConfig& t) const {
@@ -226,18 +277,26 @@ Status Server::ApplyOptions(DaemonOptions next) {
 
 Status Server::OnBroker(std::function<Status()> fn) {
   if (!thread_.joinable() || stopping_) return fn();  // nothing else runs on options_
-  auto done = std::make_shared<std::promise<Status>>();
-  std::future<Status> f = done->get_future();
+  struct Shared {
+    std::promise<Status> done;
+    std::atomic<bool> claimed{false};  // by the task (it runs) or by the waiter (it gave up)
+  };
+  auto shared = std::make_shared<Shared>();
+  std::future<Status> f = shared->done.get_future();
   {
     std::lock_guard<std::mutex> lock(tasks_mu_);
-    tasks_.push_back([fn = std::move(fn), done] { done->set_value(fn()); });
+    tasks_.push_back([fn = std::move(fn), shared] {
+      if (shared->claimed.exchange(true)) return;  // the caller gave up: not applied at all
+      shared->done.set_value(fn());
+    });
   }
   char c = 1;
   (void)!::write(wake_pipe_[1], &c, 1);
-  if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    return Unavailable("gmuxd's broker did not take the change within 10 s");
+  if (f.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return f.get();
+  if (!shared->claimed.exchange(true)) {
+    return Unavailable("gmuxd's broker did not take the change within 10 s; nothing changed");
   }
-  return f.get();
+  return f.get();  // it started just now: its result is the answer
 }
 
 void Server::RunBrokerTasks() {
@@ -289,6 +348,8 @@ Status Server::Reload(const DaemonOptions& file, std::vector<std::string>* resta
     next.max_unidentified = file.max_unidentified;
     next.max_connections_per_identity = file.max_connections_per_identity;
     next.log_level = file.log_level;
+    next.auth_failures = file.auth_failures;
+    next.auth_block_s = file.auth_block_s;
     // The file's tenants, and those added at run time that the file does not name.
     next.tenants = file.tenants;
     std::set<std::string> taken_over;
@@ -301,6 +362,32 @@ Status Server::Reload(const DaemonOptions& file, std::vector<std::string>* resta
       }
       for (const TenantConfig& t : options_.tenants) {
         if (t.name == name) next.tenants.push_back(t);
+      }
+    }
+    // A run-time tenant (a job's, say) holding a uid or token the file now gives another
+    // tenant: named, so the operator knows which of the two to change.
+    for (const std::string& name : runtime_tenants_) {
+      if (taken_over.count(name) != 0) continue;
+      const TenantConfig* rt = nullptr;
+      for (const TenantConfig& t : options_.tenants) rt = t.name == name ? &t : rt;
+      if (rt == nullptr) continue;
+      for (const TenantConfig& ft : file.tenants) {
+        for (uint32_t u : rt->uids) {
+          if (std::find(ft.uids.begin(), ft.uids.end(), u) != ft.uids.end()) {
+            return InvalidArgument("uid " + std::to_string(u) + " is the file's tenant '" +
+                                   ft.name + "' and the run-time tenant '" + name +
+                                   "' (gmux tenant remove " + name + ", or change the file)");
+          }
+        }
+        for (const std::string& tok : rt->tokens) {
+          for (const std::string& ftok : ft.tokens) {
+            if ((IsHashedToken(tok) ? tok : HashToken(tok)) ==
+                (IsHashedToken(ftok) ? ftok : HashToken(ftok))) {
+              return InvalidArgument("a token is the file's tenant '" + ft.name +
+                                     "' and the run-time tenant '" + name + "'");
+            }
+          }
+        }
       }
     }
     GMUX_RETURN_IF_ERROR(ApplyOptions(std::move(next)));

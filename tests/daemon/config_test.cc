@@ -299,3 +299,104 @@ TEST(DaemonConfigTest, MetricsListenIsAHostAndPort) {
 
 }  // namespace
 }  // namespace gmux::daemon
+
+namespace gmux::daemon {
+namespace {
+
+TEST(DaemonConfigTest, TokensMayBeStoredHashed) {
+  const std::string hashed = HashToken("s3cret");
+  // SHA-256 of "abc" (FIPS 180-2's example), in the config's form.
+  EXPECT_EQ(HashToken("abc"),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_TRUE(IsHashedToken(hashed));
+  EXPECT_FALSE(IsHashedToken("s3cret"));
+  EXPECT_FALSE(IsHashedToken("sha256:abc"));
+  EXPECT_TRUE(TokenMatches(hashed, "s3cret"));
+  EXPECT_FALSE(TokenMatches(hashed, "s3cret2"));
+  EXPECT_FALSE(TokenMatches(hashed, hashed));  // presenting the stored hash is not the token
+  EXPECT_TRUE(TokenMatches("plain", "plain"));
+  EXPECT_FALSE(TokenMatches("plain", ""));
+  auto o = ParseDaemonConfig("[daemon]\nadmin_tokens = [\"" + HashToken("root-tok") +
+                                 "\"]\n[[tenant]]\nname = \"a\"\ntokens = [\"" + hashed +
+                                 "\", \"legacy\"]\n",
+                             "g.toml");
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  ASSERT_TRUE(o->TenantForToken("s3cret").ok());
+  EXPECT_EQ(o->TenantForToken("s3cret")->name, "a");
+  EXPECT_EQ(o->TenantForToken("legacy")->name, "a");
+  EXPECT_FALSE(o->TenantForToken(hashed).ok());
+  // A malformed hash, and one token given twice (once hashed, once plain), are refused.
+  auto bad = ParseDaemonConfig("[[tenant]]\nname = \"a\"\ntokens = [\"sha256:12\"]\n", "g.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("64"), std::string::npos);
+  auto dup = ParseDaemonConfig("[[tenant]]\nname = \"a\"\ntokens = [\"" + hashed +
+                                   "\"]\n[[tenant]]\nname = \"b\"\ntokens = [\"s3cret\"]\n",
+                               "g.toml");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("two tenants"), std::string::npos);
+}
+
+TEST(DaemonConfigTest, ATenantTableChangesOnlyTheKeysItNames) {
+  TenantConfig base;
+  base.name = "job-7";
+  base.weight = 2;
+  base.uids = {1001};
+  base.limits.memory_quota = 1 << 30;
+  auto t = ParseTenantTable("[[tenant]]\nname = \"job-7\"\nweight = 6\n", "gmux tenant set",
+                            base);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_DOUBLE_EQ(t->weight, 6);
+  EXPECT_EQ(t->uids, std::vector<uint32_t>{1001});
+  EXPECT_EQ(t->limits.memory_quota, 1u << 30);
+  auto q = ParseTenantTable("[[tenant]]\nname = \"job-7\"\nmemory_quota = \"2GiB\"\n"
+                            "uids = [5, 6]\n", "gmux tenant set", base);
+  ASSERT_TRUE(q.ok()) << q.status().message();
+  EXPECT_EQ(q->limits.memory_quota, 2ull << 30);
+  EXPECT_EQ(q->uids, (std::vector<uint32_t>{5, 6}));
+  // Errors name the origin and the key; other tables cannot ride along.
+  auto e = ParseTenantTable("[[tenant]]\nname = \"x\"\nweight = -1\n", "gmux tenant add", base);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("gmux tenant add"), std::string::npos);
+  EXPECT_NE(e.status().message().find("weight"), std::string::npos);
+  EXPECT_FALSE(ParseTenantTable("[daemon]\nsocket = \"/x\"\n[[tenant]]\nname = \"x\"\n", "t",
+                                base).ok());
+  EXPECT_FALSE(ParseTenantTable("[[tenant]]\nname = \"x\"\n[[tenant]]\nname = \"y\"\n", "t",
+                                base).ok());
+  EXPECT_FALSE(ParseTenantTable("not toml at all [", "t", base).ok());
+}
+
+TEST(DaemonConfigTest, LedgerAndLogKeys) {
+  auto o = ParseDaemonConfig("[daemon]\nledger = \"/var/lib/gmux/usage.db\"\n"
+                             "ledger_interval_s = 30\nlog_level = \"warn\"\nauth_failures = 3\n",
+                             "g.toml");
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_EQ(o->ledger, "/var/lib/gmux/usage.db");
+  EXPECT_DOUBLE_EQ(o->ledger_interval_s, 30);
+  EXPECT_EQ(o->log_level, "warn");
+  EXPECT_EQ(o->auth_failures, 3u);
+  auto bad = ParseDaemonConfig("[daemon]\nlog_level = \"loud\"\n", "g.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("g.toml:2"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(ParseDaemonConfig("[daemon]\nledger_interval_s = 0\n", "g.toml").ok());
+}
+
+}  // namespace
+}  // namespace gmux::daemon
+
+namespace gmux::daemon {
+namespace {
+
+TEST(DaemonConfigTest, TenantNamesArePrintableAndUidNamesAreReserved) {
+  auto ctl = ParseDaemonConfig("[[tenant]]\nname = \"a\\u001b[31mb\"\n", "g.toml");
+  ASSERT_FALSE(ctl.ok());
+  EXPECT_NE(ctl.status().message().find("control character"), std::string::npos);
+  EXPECT_FALSE(ParseDaemonConfig("[[tenant]]\nname = \"a\\nb\"\n", "g.toml").ok());
+  auto uid = ParseDaemonConfig("[[tenant]]\nname = \"uid-1000\"\nuids = [2000]\n", "g.toml");
+  ASSERT_FALSE(uid.ok());
+  EXPECT_NE(uid.status().message().find("reserved"), std::string::npos);
+  EXPECT_TRUE(ParseDaemonConfig("[[tenant]]\nname = \"uid-x\"\n", "g.toml").ok());
+  EXPECT_TRUE(ParseDaemonConfig("[[tenant]]\nname = \"équipe-α\"\n", "g.toml").ok());
+}
+
+}  // namespace
+}  // namespace gmux::daemon

@@ -187,6 +187,38 @@ TEST_F(LedgerTest, RefusesFilesItCannotUse) {
   auto missing = Ledger::Open(dir_ + "/no/such/dir/usage.db", 10, {});
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("cannot open"), std::string::npos);
+  // A file someone else could have prepared: a symlink, writable by others, another owner's,
+  // or carrying a trigger that would rewrite the books.
+  const std::string real = dir_ + "/real.db";
+  ASSERT_TRUE(Ledger::Open(real, 10, {}).ok());
+  const std::string link = dir_ + "/link.db";
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  auto linked = Ledger::Open(link, 10, {});
+  ASSERT_FALSE(linked.ok());
+  EXPECT_NE(linked.status().message().find("symlink"), std::string::npos);
+  ASSERT_EQ(::chmod(real.c_str(), 0666), 0);
+  EXPECT_FALSE(Ledger::Open(real, 10, {}).ok());
+  ASSERT_EQ(::chmod(real.c_str(), 0640), 0);
+  {
+    sqlite3* t = nullptr;
+    ASSERT_EQ(sqlite3_open(real.c_str(), &t), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(t, "CREATE TRIGGER forge AFTER INSERT ON usage BEGIN "
+                              "UPDATE usage SET device_s = 0 WHERE id = NEW.id; END",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(t);
+  }
+  auto forged = Ledger::Open(real, 10, {});
+  ASSERT_FALSE(forged.ok());
+  EXPECT_NE(forged.status().message().find("trigger"), std::string::npos);
+  if (::geteuid() == 0) {
+    const std::string theirs = dir_ + "/theirs.db";
+    ASSERT_TRUE(Ledger::Open(theirs, 10, {}).ok());
+    ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+    auto other = Ledger::Open(theirs, 10, {});
+    ASSERT_FALSE(other.ok());
+    EXPECT_NE(other.status().message().find("uid 65534"), std::string::npos);
+  }
   // A bad interval.
   EXPECT_FALSE(Ledger::Open(dir_ + "/x.db", 0, {}).ok());
 }

@@ -477,3 +477,48 @@ TEST_F(TcpServerTest, SharedMemoryIsRefusedOverTcp) {
 
 }  // namespace
 }  // namespace gmux::daemon
+
+namespace gmux::daemon {
+namespace {
+
+// A control reply goes out within one deadline however the peer reads: a peer that reads a
+// little at a time (and so lets every single send make progress) cannot hold the broker.
+TEST(SendBeforeTest, ASlowReaderDoesNotExtendTheDeadline) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    char buf[4096];
+    while (!stop) {
+      if (::recv(sv[1], buf, sizeof(buf), MSG_DONTWAIT) == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  std::vector<uint8_t> big(64u << 20, 0x5a);  // 64 MiB at 400 KiB/s: minutes
+  Status s = SendBefore(sv[0], big,
+                        std::chrono::steady_clock::now() + std::chrono::milliseconds(300));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("in time"), std::string::npos) << s.message();
+  stop = true;
+  ::close(sv[0]);
+  reader.join();
+  ::close(sv[1]);
+  // A reader that keeps up gets everything.
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  std::vector<uint8_t> small(1u << 20, 0x33);
+  size_t got = 0;
+  std::thread fast([&] {
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::recv(sv[1], buf, sizeof(buf), 0)) > 0) got += static_cast<size_t>(n);
+  });
+  EXPECT_TRUE(SendBefore(sv[0], small, std::chrono::steady_clock::now() +
+                                           std::chrono::seconds(60)).ok());
+  ::close(sv[0]);
+  fast.join();
+  ::close(sv[1]);
+  EXPECT_EQ(got, small.size());
+}
+
+}  // namespace
+}  // namespace gmux::daemon

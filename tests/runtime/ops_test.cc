@@ -399,5 +399,39 @@ TEST_F(OpsTest, TenantsChangeAtRunTimeWithoutDroppingSessions) {
   daemon.Stop();
 }
 
+// TCP tenants whose tokens the config stores hashed; failed authentications from one address
+// are counted, and past the limit its connections are refused for a while (right token or
+// not), while other origins are served.
+TEST_F(OpsTest, HashedTokensAndFailedAuthenticationsAreRateLimited) {
+  int code = -1;
+  RunGmux(-1, {"token", "hash"}, &code, false);  // no token on stdin: refused
+  EXPECT_NE(code, 0);
+  json made = json::parse(RunGmux(-1, {"token", "new", "--json"}, &code, false), nullptr, false);
+  ASSERT_TRUE(made.is_object());
+  const std::string token = made.value("token", "");
+  ASSERT_EQ(token.size(), 64u);
+  std::ostringstream c;
+  c << "[daemon]\nauth_failures = 3\nauth_block_s = 30\n\n[[tenant]]\nname = \"remote\"\n"
+    << "tokens = [\"" << made.value("hashed", "") << "\"]\n";
+  PrivateDaemon daemon;
+  daemon.Start(c.str(), /*tcp=*/true);
+  ASSERT_TRUE(daemon.started()) << daemon.Log();
+  auto hello = [&](const std::string& tok) {
+    RawConn conn(ConnectTcp(daemon.tcp_port()));
+    return conn.fd() >= 0 && conn.Hello(tok).ok();
+  };
+  EXPECT_TRUE(hello(token)) << daemon.Log();        // the token, not its stored hash
+  EXPECT_FALSE(hello(made.value("hashed", "")));    // the hash itself is no token
+  EXPECT_FALSE(hello("guess-1"));
+  EXPECT_FALSE(hello("guess-2"));                   // the third failure: blocked from now
+  EXPECT_FALSE(hello(token));                       // even with the right token
+  EXPECT_NE(daemon.Log().find("failed authentications"), std::string::npos) << daemon.Log();
+  EXPECT_NE(daemon.Log().find("refused address 127.0.0.1"), std::string::npos) << daemon.Log();
+  // Local tenants (another origin) are served meanwhile.
+  EXPECT_FALSE(StatusJson(daemon, -1).empty());
+  EXPECT_TRUE(daemon.Alive());
+  daemon.Stop();
+}
+
 }  // namespace
 }  // namespace gmux::testing

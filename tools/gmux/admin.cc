@@ -2,12 +2,14 @@
 
 #include <cstdio>
 #include <ctime>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include "daemon/config.h"
 #include "daemon/ledger.h"
 #include "lease.h"
 #include "status.h"
@@ -114,7 +116,8 @@ int RunUsage(const UsageOptions& o) {
     for (const auto& e : *entries) answer["entries"].push_back(EntryJson(e));
   } else {
     auto r = ControlRequest(o.socket, "gmux usage", std::nullopt, std::nullopt,
-                            AdminArgs{"usage", args.dump()});
+                            AdminArgs{"usage", args.dump(-1, ' ', false,
+                                                         json::error_handler_t::replace)});
     if (!r.ok()) return UsageFail(r.status().message());
     answer = json::parse(*r, nullptr, false);
     if (answer.is_discarded() || !answer.is_object()) {
@@ -129,10 +132,16 @@ int RunUsage(const UsageOptions& o) {
   if (o.csv) {
     std::cout << "tenant,device,device_name,start,end,device_s,commands,bytes,memory_byte_s,"
                  "lease_s,intervals\n";
+    // RFC 4180 fields: quoted, quotes doubled.
+    auto field = [](const std::string& v) {
+      std::string out = "\"";
+      for (char c : v) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+      return out + "\"";
+    };
     for (const auto& e : entries) {
-      std::printf("%s,%u,\"%s\",%.3f,%.3f,%.6f,%llu,%llu,%.1f,%.3f,%llu\n",
-                  e.value("tenant", std::string()).c_str(), e.value("device", 0u),
-                  e.value("device_name", std::string()).c_str(), e.value("start", 0.0),
+      std::printf("%s,%u,%s,%.3f,%.3f,%.6f,%llu,%llu,%.1f,%.3f,%llu\n",
+                  field(e.value("tenant", std::string())).c_str(), e.value("device", 0u),
+                  field(e.value("device_name", std::string())).c_str(), e.value("start", 0.0),
                   e.value("end", 0.0), e.value("device_s", 0.0),
                   static_cast<unsigned long long>(e.value("commands", uint64_t{0})),
                   static_cast<unsigned long long>(e.value("bytes", uint64_t{0})),
@@ -223,7 +232,8 @@ int RunTenant(const std::string& action, const TenantOptions& o) {
     args["toml"] = text.str();
   }
   auto r = ControlRequest(o.socket, "gmux tenant", std::nullopt, std::nullopt,
-                          AdminArgs{"tenant", args.dump()});
+                          AdminArgs{"tenant", args.dump(-1, ' ', false,
+                                                        json::error_handler_t::replace)});
   if (!r.ok()) return TenantFail(action, r.status().message());
   json answer = json::parse(*r, nullptr, false);
   if (answer.is_discarded() || !answer.is_object()) {
@@ -254,6 +264,52 @@ int RunTenant(const std::string& action, const TenantOptions& o) {
   } else {
     line(answer.value("tenant", json::object()));
     if (answer.contains("note")) std::printf("%s\n", answer["note"].get<std::string>().c_str());
+  }
+  return 0;
+}
+
+}  // namespace gmux::cli
+
+namespace gmux::cli {
+
+int RunTokenHash(bool json_out) {
+  std::string token;
+  std::getline(std::cin, token);
+  if (!token.empty() && token.back() == '\r') token.pop_back();
+  if (token.empty()) {
+    std::cerr << "gmux token hash: give the token on stdin, e.g. printf %s \"$TOKEN\" | gmux "
+                 "token hash\n";
+    return 2;
+  }
+  const std::string hashed = daemon::HashToken(token);
+  if (json_out) {
+    std::cout << json{{"hashed", hashed}}.dump() << "\n";
+  } else {
+    std::cout << hashed << "\n";
+  }
+  return 0;
+}
+
+int RunTokenNew(bool json_out) {
+  // 32 random bytes from the kernel, as hex: 256 bits, more than any guessing can reach.
+  unsigned char raw[32];
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  if (!urandom.read(reinterpret_cast<char*>(raw), sizeof(raw))) {
+    std::cerr << "gmux token new: cannot read /dev/urandom\n";
+    return 1;
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char c : raw) {
+    token += kHex[c >> 4];
+    token += kHex[c & 15];
+  }
+  const std::string hashed = daemon::HashToken(token);
+  if (json_out) {
+    std::cout << json{{"token", token}, {"hashed", hashed}}.dump() << "\n";
+  } else {
+    std::cout << "token:  " << token << "   (give it to the tenant: GMUX_TOKEN)\n"
+              << "config: " << hashed << "   (put it in the tenant's tokens)\n";
   }
   return 0;
 }

@@ -37,3 +37,12 @@ struct TenantOptions {
 int RunTenant(const std::string& action, const TenantOptions& o);
 
 }  // namespace gmux::cli
+
+namespace gmux::cli {
+
+// `gmux token hash`: the token read from stdin (one line) as the config stores it hashed.
+// `gmux token new`: a fresh random token and its hashed form.
+int RunTokenHash(bool json);
+int RunTokenNew(bool json);
+
+}  // namespace gmux::cli

@@ -236,6 +236,19 @@ int main(int argc, char** argv) {
       "Tenants added here stay across SIGHUP (unless the file then names them); changes to\n"
       "the file's tenants last until the next reload. Not kept across a restart of gmuxd.");
 
+  CLI::App* token = app.add_subcommand("token", "Tokens for TCP tenants, stored hashed");
+  token->require_subcommand(1);
+  bool token_json = false;
+  CLI::App* token_hash = token->add_subcommand(
+      "hash", "The token on stdin as the config stores it: sha256:<hex>");
+  CLI::App* token_new = token->add_subcommand(
+      "new", "A new random token, and its hashed form for the config");
+  for (CLI::App* c : {token_hash, token_new}) c->add_flag("--json", token_json, "JSON output");
+  token->footer(
+      "A [[tenant]]'s tokens and [daemon] admin_tokens may be given as sha256:<hex> (what these\n"
+      "print); clients still present the token itself (GMUX_TOKEN). gmuxd warns at start about\n"
+      "tokens stored in plain text.");
+
   CLI::App* demo = app.add_subcommand("demo", "Experiments on the real runtime");
   demo->require_subcommand(1);
   CLI::App* fair = demo->add_subcommand(
@@ -407,6 +420,8 @@ int main(int argc, char** argv) {
                                                 : "remove";
     return gmux::cli::RunTenant(action, tenant_opts);
   }
+  if (token_hash->parsed()) return gmux::cli::RunTokenHash(token_json);
+  if (token_new->parsed()) return gmux::cli::RunTokenNew(token_json);
   if (lease_acquire->parsed()) return gmux::cli::RunLeaseAcquire(lease_opts);
   if (lease_release->parsed()) return gmux::cli::RunLeaseRelease(lease_opts);
   if (lease_list->parsed()) return gmux::cli::RunLeaseList(lease_opts);

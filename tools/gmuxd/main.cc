@@ -20,7 +20,8 @@ namespace {
 
 // SIGHUP: the config file read again and applied; an invalid file changes nothing.
 void Reload(gmux::daemon::Server& server, const std::string& config_path,
-            const std::function<void(gmux::daemon::DaemonOptions&)>& overrides) {
+            const std::function<void(gmux::daemon::DaemonOptions&)>& overrides,
+            const std::string& cli_log_level) {
   if (config_path.empty()) {
     spdlog::info("SIGHUP: started without --config, nothing to re-read");
     return;
@@ -39,6 +40,8 @@ void Reload(gmux::daemon::Server& server, const std::string& config_path,
                  config_path.c_str(), s.message().c_str());
     return;
   }
+  // --log-level on the command line wins over the file, as at start.
+  gmux::daemon::InitLog("gmuxd", cli_log_level.empty() ? loaded->log_level : cli_log_level);
   std::string keys;
   for (const std::string& k : restart) keys += (keys.empty() ? "" : ", ") + k;
   spdlog::info("reloaded {} ({} tenants){}{}", config_path.c_str(),
@@ -87,6 +90,16 @@ int main(int argc, char** argv) {
   };
   overrides(options);
   gmux::daemon::InitLog("gmuxd", log_level.empty() ? options.log_level : log_level);
+  // Tokens kept in plain text in the config: readable by whoever reads the file.
+  size_t plain = 0;
+  for (const auto& t : options.tenants) {
+    for (const auto& tok : t.tokens) plain += gmux::daemon::IsHashedToken(tok) ? 0 : 1;
+  }
+  for (const auto& tok : options.admin_tokens) plain += gmux::daemon::IsHashedToken(tok) ? 0 : 1;
+  if (plain > 0) {
+    spdlog::warn("{} token(s) in the config are stored in plain text; store them hashed "
+                 "(gmux token hash)", plain);
+  }
 
   // Signals are taken synchronously by this thread; block them before any thread starts.
   sigset_t set;
@@ -145,7 +158,7 @@ int main(int argc, char** argv) {
   for (;;) {
     sig = sigtimedwait(&set, nullptr, timeout);
     if (sig == SIGHUP) {
-      Reload(**server, config_path, overrides);
+      Reload(**server, config_path, overrides, log_level);
       sig = -1;
       errno = EINTR;
     }
