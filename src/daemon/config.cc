@@ -52,7 +52,7 @@ Status DaemonOptions::Validate() const {
                                "lowercase hex digits (gmux token hash)");
       }
       // Plain and hashed entries of one token are the same token.
-      if (!tokens.insert(IsHashedToken(tok) ? tok : HashToken(tok)).second) {
+      if (!tokens.insert(CanonicalToken(tok)).second) {
         return InvalidArgument("a token is given to two tenants");
       }
     }
@@ -148,6 +148,10 @@ std::string HashToken(std::string_view token) {
 bool IsHashedToken(std::string_view configured) {
   if (configured.size() != 7 + 64 || configured.substr(0, 7) != "sha256:") return false;
   return configured.find_first_not_of("0123456789abcdef", 7) == std::string_view::npos;
+}
+
+std::string CanonicalToken(std::string_view configured) {
+  return IsHashedToken(configured) ? std::string(configured) : HashToken(configured);
 }
 
 bool TokenMatches(std::string_view configured, std::string_view presented) {

@@ -76,6 +76,9 @@ struct ListenAddress {
 std::string HashToken(std::string_view token);
 bool IsHashedToken(std::string_view configured);
 bool TokenMatches(std::string_view configured, std::string_view presented);
+// A configured entry in hashed form (plain entries hashed): one token given as plain text in one
+// place and hashed in another compares equal.
+std::string CanonicalToken(std::string_view configured);
 
 // debug, info, warn or error.
 bool ValidLogLevel(std::string_view level);

@@ -160,6 +160,13 @@ Result<std::vector<LedgerEntry>> RunQuery(sqlite3* db, const LedgerQuery& q) {
 
 }  // namespace
 
+nlohmann::json LedgerEntryJson(const LedgerEntry& e) {
+  return {{"tenant", e.tenant},     {"device", e.device},     {"device_name", e.device_name},
+          {"start", e.start},       {"end", e.end},           {"device_s", e.device_s},
+          {"commands", e.commands}, {"bytes", e.bytes},       {"memory_byte_s", e.memory_byte_s},
+          {"lease_s", e.lease_s},   {"intervals", e.rows}};
+}
+
 Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, double interval_s,
                                              std::vector<std::string> device_names) {
   if (path.empty()) return InvalidArgument("ledger: no file given");
@@ -382,10 +389,6 @@ Result<std::vector<LedgerEntry>> Ledger::Query(const std::string& path, const Le
     if (first.ok()) first = out.status();
   }
   return first;
-}
-
-Result<std::vector<LedgerEntry>> Ledger::Query(const LedgerQuery& q) const {
-  return Query(path_, q);
 }
 
 uint64_t Ledger::intervals_booked() const {

@@ -23,6 +23,8 @@
 
 #include <sqlite3.h>
 
+#include <nlohmann/json.hpp>
+
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -56,6 +58,9 @@ struct LedgerEntry {
   uint64_t rows = 1;  // sums: how many rows were added up
 };
 
+// An entry as `gmux usage --json` shows it (gmuxd's answer and a file read directly alike).
+nlohmann::json LedgerEntryJson(const LedgerEntry& e);
+
 struct LedgerQuery {
   double since = 0;                  // rows that end after this (Unix seconds); 0: all
   double until = 0;                  // rows that start before this; 0: no bound
@@ -84,9 +89,6 @@ class Ledger {
   // Opens `path` read-only and answers `q` (gmux usage reads the file directly with this when
   // it has no daemon to ask).
   static Result<std::vector<LedgerEntry>> Query(const std::string& path, const LedgerQuery& q);
-  // The same on this ledger's file.
-  Result<std::vector<LedgerEntry>> Query(const LedgerQuery& q) const;
-
   const std::string& path() const { return path_; }
   uint64_t intervals_booked() const;
   std::string last_error() const;

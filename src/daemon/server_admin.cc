@@ -125,19 +125,7 @@ void Server::RunUsageQuery(int fd, uint64_t seq, LedgerQuery q, std::string path
                           {"rows", q.rows},
                           {"tenant", q.tenant ? nlohmann::json(*q.tenant) : nlohmann::json()}};
     nlohmann::json list = nlohmann::json::array();
-    for (const LedgerEntry& e : *entries) {
-      list.push_back({{"tenant", e.tenant},
-                      {"device", e.device},
-                      {"device_name", e.device_name},
-                      {"start", e.start},
-                      {"end", e.end},
-                      {"device_s", e.device_s},
-                      {"commands", e.commands},
-                      {"bytes", e.bytes},
-                      {"memory_byte_s", e.memory_byte_s},
-                      {"lease_s", e.lease_s},
-                      {"intervals", e.rows}});
-    }
+    for (const LedgerEntry& e : *entries) list.push_back(LedgerEntryJson(e));
     out["entries"] = std::move(list);
     answer = out.dump(-1, ' ', false, kReplaceBadUtf8);
   }
@@ -381,8 +369,7 @@ Status Server::Reload(const DaemonOptions& file, std::vector<std::string>* resta
         }
         for (const std::string& tok : rt->tokens) {
           for (const std::string& ftok : ft.tokens) {
-            if ((IsHashedToken(tok) ? tok : HashToken(tok)) ==
-                (IsHashedToken(ftok) ? ftok : HashToken(ftok))) {
+            if (CanonicalToken(tok) == CanonicalToken(ftok)) {
               return InvalidArgument("a token is the file's tenant '" + ft.name +
                                      "' and the run-time tenant '" + name + "'");
             }

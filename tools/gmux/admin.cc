@@ -42,16 +42,6 @@ std::string LocalTime(double t) {
   return buf;
 }
 
-// An entry of the answer, from gmuxd's JSON or the ledger file.
-json EntryJson(const daemon::LedgerEntry& e) {
-  return {{"tenant", e.tenant},        {"device", e.device},
-          {"device_name", e.device_name}, {"start", e.start},
-          {"end", e.end},              {"device_s", e.device_s},
-          {"commands", e.commands},    {"bytes", e.bytes},
-          {"memory_byte_s", e.memory_byte_s}, {"lease_s", e.lease_s},
-          {"intervals", e.rows}};
-}
-
 int UsageFail(const std::string& message) {
   std::cerr << "gmux usage: " << message << "\n";
   return 1;
@@ -113,7 +103,7 @@ int RunUsage(const UsageOptions& o) {
     auto entries = daemon::Ledger::Query(o.ledger, q);
     if (!entries.ok()) return UsageFail(entries.status().message());
     answer = {{"ledger", o.ledger}, {"entries", json::array()}};
-    for (const auto& e : *entries) answer["entries"].push_back(EntryJson(e));
+    for (const auto& e : *entries) answer["entries"].push_back(daemon::LedgerEntryJson(e));
   } else {
     auto r = ControlRequest(o.socket, "gmux usage", std::nullopt, std::nullopt,
                             AdminArgs{"usage", args.dump(-1, ' ', false,
