@@ -19,6 +19,8 @@ packages=(
   ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers pocl-opencl-icd
   clinfo clpeak
   capnproto libcapnp-dev libasio-dev libsqlite3-dev libcpp-httplib-dev
+  # TLS for the TCP transport (OpenSSL through Asio); the openssl tool makes the tests' certificates
+  libssl-dev openssl
   # frame agent (vGASA): GL/EGL headers; its tests and `gmux demo frames` run GL programs on
   # Mesa's llvmpipe under Xvfb
   libgl-dev libegl-dev libgles-dev libx11-dev xvfb xauth mesa-utils libgl1-mesa-dri

@@ -34,10 +34,39 @@ core::SlaPolicyOptions FramesOptions::Sla(core::SlaKind kind) const {
   return so;
 }
 
+tls::ServerOptions TlsServerOptions(const DaemonOptions& options) {
+  tls::ServerOptions t;
+  t.cert_file = options.tls_cert;
+  t.key_file = options.tls_key;
+  t.client_ca_file = options.tls_client_ca;
+  t.handshake_timeout_s = options.handshake_timeout_s;
+  t.max_handshakes = options.max_unidentified;
+  return t;
+}
+
+Status DaemonOptions::ValidateTls(bool complete) const {
+  if (plain_tcp && !tls_cert.empty()) {
+    return InvalidArgument("plain_tcp = true and tls_cert contradict each other: TCP is either "
+                           "TLS or plain");
+  }
+  if (tls_cert.empty() != tls_key.empty()) {
+    return InvalidArgument("TLS needs both tls_cert and tls_key");
+  }
+  if (!tls_client_ca.empty() && tls_cert.empty()) {
+    return InvalidArgument("tls_client_ca needs tls_cert and tls_key");
+  }
+  if (complete && !listen.empty() && tls_cert.empty() && !plain_tcp) {
+    return InvalidArgument("listen = \"" + listen + "\" needs tls_cert and tls_key (TLS), or "
+                           "plain_tcp = true to accept unencrypted TCP on a trusted network");
+  }
+  return Status::Ok();
+}
+
 Status DaemonOptions::Validate() const {
   if (max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
   if (inflight_per_device == 0) return InvalidArgument("inflight_per_device must be > 0");
   if (!listen.empty()) GMUX_RETURN_IF_ERROR(ParseListenAddress(listen).status());
+  GMUX_RETURN_IF_ERROR(ValidateTls());
   if (!metrics_listen.empty()) GMUX_RETURN_IF_ERROR(ParseListenAddress(metrics_listen).status());
   GMUX_RETURN_IF_ERROR(frame.Validate());
   GMUX_RETURN_IF_ERROR(backend.Validate());
@@ -278,7 +307,8 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
              "worker_user", "spare_workers", "state_dir", "express_dispatch", "memory_bytes",
              "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch", "metrics_listen",
-             "ledger", "ledger_interval_s", "log_level", "auth_failures", "auth_block_s"}));
+             "ledger", "ledger_interval_s", "log_level", "auth_failures", "auth_block_s",
+             "tls_cert", "tls_key", "tls_client_ca", "plain_tcp"}));
     GMUX_ASSIGN_OR_RETURN(int64_t af, doc.Integer(*d, "auth_failures", 5, 0, 1000000));
     o.auth_failures = static_cast<uint32_t>(af);
     GMUX_ASSIGN_OR_RETURN(o.auth_block_s, doc.Number(*d, "auth_block_s", 60.0, 0.01));
@@ -341,6 +371,16 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     if (!o.listen.empty()) {
       auto la = ParseListenAddress(o.listen);
       if (!la.ok()) return doc.Error(d->get("listen"), "listen", la.status().message());
+    }
+    GMUX_ASSIGN_OR_RETURN(o.tls_cert, doc.String(*d, "tls_cert", ""));
+    GMUX_ASSIGN_OR_RETURN(o.tls_key, doc.String(*d, "tls_key", ""));
+    GMUX_ASSIGN_OR_RETURN(o.tls_client_ca, doc.String(*d, "tls_client_ca", ""));
+    GMUX_ASSIGN_OR_RETURN(o.plain_tcp, doc.Bool(*d, "plain_tcp", false));
+    if (Status t = o.ValidateTls(/*complete=*/false); !t.ok()) {
+      const char* key = d->get("plain_tcp") != nullptr && o.plain_tcp ? "plain_tcp"
+                        : d->get("tls_cert") != nullptr                ? "tls_cert"
+                                                                       : "listen";
+      return doc.Error(d->get(key), key, t.message());
     }
     GMUX_ASSIGN_OR_RETURN(int64_t mode, doc.Integer(*d, "socket_mode", 0666, 0, 0777));
     o.socket_mode = static_cast<uint32_t>(mode);

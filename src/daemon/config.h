@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "tls/tls.h"
 #include "core/frame_controller.h"
 #include "core/policy.h"
 #include "core/sla_policy.h"
@@ -136,6 +137,12 @@ struct FramesOptions {
 struct DaemonOptions {
   std::string socket_path;                      // empty: DefaultSocketPath()
   std::string listen;                           // TCP "HOST:PORT"; empty: no TCP listener
+  // TCP is TLS (docs/operations.md "TLS"): the server's certificate chain and key (PEM), and
+  // optionally the CAs whose client certificates it requires. Plain TCP only with plain_tcp.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  bool plain_tcp = false;  // accept unencrypted TCP (a trusted network only)
   // Prometheus endpoint "HOST:PORT" (GET /metrics; docs/operations.md "Metrics"); empty: off.
   std::string metrics_listen;
   // Usage ledger (docs/operations.md "Usage ledger"): an SQLite file; empty: off. One row per
@@ -193,6 +200,10 @@ struct DaemonOptions {
   std::vector<TenantConfig> tenants;
 
   Status Validate() const;
+  // The TLS keys agree with each other and, with `listen`, TCP is either TLS or plain_tcp.
+  // `complete`: the options are final (a file's own check passes false: the command line may
+  // still add --listen or --plain-tcp).
+  Status ValidateTls(bool complete = true) const;
   // The configured tenant for a local uid, or the default rule's answer (kPermissionDenied when
   // unknown peers are rejected).
   Result<TenantConfig> TenantForUid(uint32_t uid) const;
@@ -200,6 +211,10 @@ struct DaemonOptions {
   // (kPermissionDenied when they are rejected, and for an empty token then).
   Result<TenantConfig> TenantForToken(const std::string& token) const;
 };
+
+// The TLS gateway's options from [daemon] tls_cert, tls_key, tls_client_ca and the handshake
+// limits.
+tls::ServerOptions TlsServerOptions(const DaemonOptions& options);
 
 // The per-device policy overrides as specs for Scheduler::Create (device facts left empty).
 std::map<uint32_t, core::PolicySpec> DevicePolicySpecs(const DaemonOptions& options);

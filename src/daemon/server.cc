@@ -22,6 +22,7 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -221,6 +222,40 @@ Status Server::Start() {
     }
   }
   if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) return Unavailable("pipe failed");
+  if (tcp_fd_ >= 0 && !options_.tls_cert.empty()) {
+    // TLS ends in the gateway's thread; the broker gets each connection as a socketpair.
+    auto gateway = tls::Gateway::Start(
+        tcp_fd_, TlsServerOptions(options_),
+        [this](tls::Accepted a) {
+          {
+            std::lock_guard<std::mutex> lock(tasks_mu_);
+            tasks_.push_back(
+                [this, a = std::make_shared<tls::Accepted>(std::move(a))] { AdmitTls(*a); });
+          }
+          char c = 1;
+          (void)!::write(wake_pipe_[1], &c, 1);
+        },
+        [this](tls::Gateway::Failure f) {
+          // A rejected client certificate is a failed authentication (logged, counted against
+          // the address like a wrong token); a plain client or one that distrusts this server
+          // is a misconfiguration, and a scanner's probe is noise.
+          if (!f.credential_rejected) {
+            spdlog::info("TLS handshake with {} failed: {}", f.origin, f.why);
+            return;
+          }
+          spdlog::warn("refused {}: client certificate: {}", f.origin, f.why);
+          std::lock_guard<std::mutex> lock(tasks_mu_);
+          tasks_.push_back([this, origin = f.origin] { NoteAuthFailure(origin); });
+        });
+    tcp_fd_ = -1;  // the gateway's now
+    if (!gateway.ok()) {
+      ::close(listen_fd_);
+      ::unlink(socket_path_.c_str());
+      listen_fd_ = -1;
+      return gateway.status();
+    }
+    tls_ = std::move(gateway).value();
+  }
   scheduler_->Start([this](uint64_t session, pid_t pid, Scheduler::GoneReason why) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -276,6 +311,7 @@ Status Server::StartTcp() {
 void Server::Stop() {
   if (stopping_.exchange(true)) return;
   metrics_.reset();  // no scrape reads the scheduler while it stops
+  tls_.reset();      // no TLS connection reaches the broker while it stops; relays end
   if (thread_.joinable()) {
     char c = 1;
     (void)!::write(wake_pipe_[1], &c, 1);
@@ -346,13 +382,14 @@ double Server::AuthBlockedFor(const std::string& origin) const {
                                        std::chrono::steady_clock::now()).count();
 }
 
+bool Server::IsAdminToken(const std::string& token) const {
+  bool admin = false;  // every entry compared: the time taken says nothing of which matched
+  for (const std::string& a : options_.admin_tokens) admin = TokenMatches(a, token) || admin;
+  return admin;
+}
+
 bool Server::IsAdmin(const Pending& p) const {
-  if (p.tcp) {
-    const std::string tok = p.identity.substr(6);
-    bool admin = false;
-    for (const std::string& a : options_.admin_tokens) admin = TokenMatches(a, tok) || admin;
-    return admin;
-  }
+  if (p.tcp) return p.identity.rfind("token:", 0) == 0 && IsAdminToken(p.identity.substr(6));
   return p.uid == 0 || p.uid == ::geteuid() ||
          std::find(options_.admin_uids.begin(), options_.admin_uids.end(), p.uid) !=
              options_.admin_uids.end();
@@ -535,6 +572,9 @@ void Server::Accept(int listen_fd, bool tcp) {
       ::getnameinfo(reinterpret_cast<sockaddr*>(&peer), peer_len, host, sizeof(host), nullptr, 0,
                     NI_NUMERICHOST);
       p->origin = std::string("address ") + host;
+      // Requests and replies are small frames that must leave at once.
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     } else {
       ucred cred{};
       socklen_t len = sizeof(cred);
@@ -546,40 +586,55 @@ void Server::Accept(int listen_fd, bool tcp) {
       p->gid = cred.gid;
       p->origin = "uid " + std::to_string(cred.uid);
     }
-    if (const double left = AuthBlockedFor(p->origin); left > 0) {
-      // Too many failed authentications lately: refused before reading anything.
-      char why[160];
-      std::snprintf(why, sizeof(why),
-                    "gmuxd: too many failed authentications from %s; try again in %.0f s",
-                    p->origin.c_str(), std::ceil(left));
-      ReplyError(fd, 0, why);
-      ::close(fd);
-      continue;
-    }
-    if (!MakeRoomForUnidentified(p->origin)) {
-      ReplyError(fd, 0, "gmuxd: too many connections of " + p->origin +
-                            " are waiting to say hello (max_unidentified)");
-      ::close(fd);
-      continue;
-    }
-    p->deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(options_.handshake_timeout_s * 1e3));
-    if (tcp) {
-      // Requests and replies are small frames that must leave at once.
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    } else {
-      p->identity = "uid:" + std::to_string(p->uid);
-      if (identity_conns_[p->identity] >= static_cast<int>(options_.max_connections_per_identity)) {
-        ReplyError(fd, 1, "gmuxd: too many connections for uid " + std::to_string(p->uid) +
-                              " (max_connections_per_identity)");
-        ::close(fd);
-        continue;
-      }
-      ++identity_conns_[p->identity];
-    }
-    pending_.push_back(std::move(p));
+    Admit(std::move(p));
   }
+}
+
+void Server::AdmitTls(tls::Accepted a) {
+  if (stopping_) {
+    ::close(a.fd);
+    return;
+  }
+  ::fcntl(a.fd, F_SETFL, ::fcntl(a.fd, F_GETFL) | O_NONBLOCK);
+  auto p = std::make_unique<Pending>();
+  p->fd = a.fd;
+  p->tcp = true;
+  p->origin = std::move(a.origin);
+  p->tls_subject = std::move(a.subject);
+  Admit(std::move(p));
+}
+
+void Server::Admit(std::unique_ptr<Pending> p) {
+  const int fd = p->fd;
+  if (const double left = AuthBlockedFor(p->origin); left > 0) {
+    // Too many failed authentications lately: refused before reading anything.
+    char why[160];
+    std::snprintf(why, sizeof(why),
+                  "gmuxd: too many failed authentications from %s; try again in %.0f s",
+                  p->origin.c_str(), std::ceil(left));
+    ReplyError(fd, 0, why);
+    ::close(fd);
+    return;
+  }
+  if (!MakeRoomForUnidentified(p->origin)) {
+    ReplyError(fd, 0, "gmuxd: too many connections of " + p->origin +
+                          " are waiting to say hello (max_unidentified)");
+    ::close(fd);
+    return;
+  }
+  p->deadline = std::chrono::steady_clock::now() +
+                std::chrono::milliseconds(static_cast<int64_t>(options_.handshake_timeout_s * 1e3));
+  if (!p->tcp) {
+    p->identity = "uid:" + std::to_string(p->uid);
+    if (identity_conns_[p->identity] >= static_cast<int>(options_.max_connections_per_identity)) {
+      ReplyError(fd, 1, "gmuxd: too many connections for uid " + std::to_string(p->uid) +
+                            " (max_connections_per_identity)");
+      ::close(fd);
+      return;
+    }
+    ++identity_conns_[p->identity];
+  }
+  pending_.push_back(std::move(p));
 }
 
 bool Server::MakeRoomForUnidentified(const std::string& origin) {
@@ -740,8 +795,15 @@ bool Server::OnFrame(Pending& p) {
     return false;
   }
   Result<TenantConfig> tenant = PermissionDenied("no identity");
+  bool operator_only = false;
   if (p.tcp) {
     tenant = options_.TenantForToken(token);
+    if (!tenant.ok() && control && !token.empty() && IsAdminToken(token)) {
+      // An operator's token opens control connections (gmux status, tenant, usage) from
+      // another host, whether or not a tenant holds it too.
+      tenant = TenantConfig{};
+      operator_only = true;
+    }
     if (tenant.ok()) {
       p.identity = "token:" + token;
       if (identity_conns_[p.identity] >= static_cast<int>(options_.max_connections_per_identity)) {
@@ -765,11 +827,15 @@ bool Server::OnFrame(Pending& p) {
     return false;
   }
   p.tenant = *tenant;
-  auto it = tenant_ids_.find(p.tenant.name);
-  if (it == tenant_ids_.end()) {
-    it = tenant_ids_.emplace(p.tenant.name, static_cast<TenantId>(tenant_ids_.size())).first;
+  if (!operator_only) {
+    auto it = tenant_ids_.find(p.tenant.name);
+    if (it == tenant_ids_.end()) {
+      it = tenant_ids_.emplace(p.tenant.name, static_cast<TenantId>(tenant_ids_.size())).first;
+    }
+    p.tenant_id = it->second;
+  } else {
+    p.tenant_id = std::numeric_limits<TenantId>::max();  // no tenant's: matches none
   }
-  p.tenant_id = it->second;
   p.admin = IsAdmin(p);
   if (control) {
     p.control = true;
@@ -823,7 +889,10 @@ void Server::ServeLease(Pending& p, uint64_t seq, const LeaseRequest& op) {
   } else if (op.action == "acquire") {
     TenantId tenant = p.tenant_id;
     std::string name = p.tenant.name;
-    if (!op.tenant.empty() && op.tenant != name) {
+    if (op.tenant.empty() && name.empty()) {
+      // An operator's token that is no tenant's: it leases for a named tenant only.
+      answer = R"j({"error":"this token is an operator's, not a tenant's: name the tenant (--tenant)"})j";
+    } else if (!op.tenant.empty() && op.tenant != name) {
       // Reserving a device for another tenant (a batch system ahead of a job): operators only,
       // and only for a tenant the config names.
       const auto known = std::find_if(options_.tenants.begin(), options_.tenants.end(),
@@ -1204,8 +1273,10 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
     scheduler_->SetMemoryQuota(p->tenant_id, p->tenant.limits.memory_quota);
   }
   scheduler_->AddWorker(id, p->tenant_id, w.ctl, w.pid);
-  spdlog::info("session {} of tenant '{}' started ({}, worker pid {})", id, p->tenant.name,
-               p->identity.empty() ? p->origin : p->identity, static_cast<int>(w.pid));
+  // The origin, never the identity: a TCP identity is the tenant's token.
+  spdlog::info("session {} of tenant '{}' started ({}{}{}, worker pid {})", id, p->tenant.name,
+               p->origin, p->tls_subject.empty() ? "" : ", certificate ", p->tls_subject,
+               static_cast<int>(w.pid));
   ShareLimits(p->tenant_id, id);
 }
 

@@ -43,6 +43,7 @@
 #include "daemon/ledger.h"
 #include "daemon/metrics_endpoint.h"
 #include "daemon/scheduler.h"
+#include "tls/tls.h"
 
 namespace gmux::daemon {
 
@@ -114,6 +115,10 @@ class Server {
   Status StartTcp();
   void Loop();
   void Accept(int listen_fd, bool tcp);
+  // A connection accepted (by Accept, or by the TLS gateway: AdmitTls) joins pending_, unless
+  // its origin is blocked or has too many connections waiting.
+  void Admit(std::unique_ptr<Pending> p);
+  void AdmitTls(tls::Accepted a);
   // Room for one more connection from `origin` before hello: true when there is (perhaps by
   // closing the oldest of the origin holding the most), false when the newcomer must go.
   bool MakeRoomForUnidentified(const std::string& origin);
@@ -171,6 +176,7 @@ class Server {
   void Reap();
   std::string CacheDirFor(const WorkerKey& key, uint64_t serial);
   bool IsAdmin(const Pending& p) const;
+  bool IsAdminToken(const std::string& token) const;
   // Failed authentications per origin (a TCP peer's address, a local uid): `auth_failures`
   // within auth_block_s block the origin's connections for auth_block_s.
   void NoteAuthFailure(const std::string& origin);
@@ -188,6 +194,7 @@ class Server {
   std::unique_ptr<FrameHub> frames_;  // frame agents (vGASA)
   std::unique_ptr<MetricsEndpoint> metrics_;  // [daemon] metrics_listen
   std::unique_ptr<Ledger> ledger_;            // [daemon] ledger
+  std::unique_ptr<tls::Gateway> tls_;         // [daemon] listen with tls_cert: owns the listener
   // Tenants added with `gmux tenant add` (not in the config file): kept across SIGHUP.
   std::set<std::string> runtime_tenants_;
   std::mutex tasks_mu_;

@@ -311,6 +311,9 @@ Status Server::Reload(const DaemonOptions& file, std::vector<std::string>* resta
     differs("daemon.socket", file.socket_path != o.socket_path);
     differs("daemon.listen", file.listen != o.listen);
     differs("daemon.metrics_listen", file.metrics_listen != o.metrics_listen);
+    // TLS on or off, or plain TCP: a restart; new certificates and CAs: applied (below).
+    differs("daemon.plain_tcp", file.plain_tcp != o.plain_tcp);
+    differs("daemon.tls_cert", file.tls_cert.empty() != o.tls_cert.empty());
     differs("daemon.ledger", file.ledger != o.ledger ||
                                  file.ledger_interval_s != o.ledger_interval_s);
     differs("daemon.worker_path", file.worker_path != o.worker_path);
@@ -377,7 +380,21 @@ Status Server::Reload(const DaemonOptions& file, std::vector<std::string>* resta
         }
       }
     }
+    // Certificates are read again (renewed in place, or new paths): for connections accepted
+    // from now on. A file that does not load refuses the whole reload.
+    const bool tls_reload = tls_ && !file.tls_cert.empty();
+    if (tls_reload) {
+      GMUX_RETURN_IF_ERROR(TlsServerOptions(file).Validate());
+      next.tls_cert = file.tls_cert;
+      next.tls_key = file.tls_key;
+      next.tls_client_ca = file.tls_client_ca;
+    }
     GMUX_RETURN_IF_ERROR(ApplyOptions(std::move(next)));
+    if (tls_reload) {
+      if (Status t = tls_->Reload(TlsServerOptions(options_)); !t.ok()) {
+        spdlog::error("TLS certificates not reloaded: {}", t.message());
+      }
+    }
     for (const std::string& name : taken_over) runtime_tenants_.erase(name);
     return Status::Ok();
   });

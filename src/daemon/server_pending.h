@@ -19,6 +19,7 @@ struct Server::Pending {
   gid_t gid = 0;
   std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
   std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address
+  std::string tls_subject;  // the client certificate's subject (TLS with tls_client_ca)
   std::chrono::steady_clock::time_point deadline;
   std::vector<uint8_t> buf;
   size_t need = proto::kHeaderBytes;

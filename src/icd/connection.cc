@@ -13,8 +13,12 @@
 
 #include <kj/exception.h>
 
-#include <algorithm>
+#include "tls/tls.h"
 
+#include <algorithm>
+#include <atomic>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -65,37 +69,46 @@ int ConnectUnix(const std::string& path) {
   return fd;
 }
 
-// Connects to "HOST:PORT" ("[V6]:PORT"), trying each address; -1 on failure.
-int ConnectTcp(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return -1;
-  std::string host = address.substr(0, colon);
-  std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return -1;
-  int fd = -1;
-  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0) continue;
-    if (!FinishConnect(fd, ::connect(fd, ai->ai_addr, ai->ai_addrlen))) {
-      ::close(fd);
-      fd = -1;
+// A failed handshake other than a timeout (an untrusted certificate, a missing client
+// certificate, a plain server) fails the same way every time: not tried again by this process.
+std::atomic<bool> tls_refused{false};
+// Why gmuxd ended a TLS connection, as its alert said: with TLS 1.3 a client certificate gmuxd
+// does not accept is refused after the client's handshake is done, so the hello finds it.
+std::mutex tls_error_mu;
+std::string tls_error;
+
+// The hello failed: if TLS said why, the user hears it (once) and this process stops trying.
+void ReportTlsRefusal() {
+  std::lock_guard<std::mutex> lock(tls_error_mu);
+  if (tls_error.empty()) return;
+  std::fprintf(stderr, "gmux: %s (GMUX_TLS_CERT and GMUX_TLS_KEY name a client certificate)\n",
+               tls_error.c_str());
+  tls_error.clear();
+  tls_refused = true;
+}
+
+// GMUX_ADDRESS (tls::Dial: TLS unless "tcp://"), with GMUX_TLS_* from the environment. Returns
+// the descriptor the ICD speaks on, or -1 (for a TLS failure, said once on stderr).
+int ConnectRemote(const std::string& address) {
+  const bool plain = address.rfind("tcp://", 0) == 0;
+  if (!plain && tls_refused) return -1;
+  tls::ClientOptions o = tls::ClientOptionsFromEnvironment();
+  o.timeout_ms = HandshakeTimeoutS() * 1000;
+  o.on_error = [address](const std::string& why) {
+    std::lock_guard<std::mutex> lock(tls_error_mu);
+    tls_error = address + ": gmuxd ended the TLS connection: " + why;
+  };
+  auto fd = tls::Dial(address, o, kConnectTimeoutMs);
+  if (!fd.ok()) {
+    // Not reachable (no daemon yet) is silent, as for the Unix socket: "no devices".
+    if (fd.status().message().rfind("cannot connect", 0) != 0) {
+      if (fd.status().message().find("timed out") == std::string::npos) tls_refused = true;
+      // The application sees only an empty platform: say why, where its user will look.
+      std::fprintf(stderr, "gmux: %s: %s\n", address.c_str(), fd.status().message().c_str());
     }
+    return -1;
   }
-  ::freeaddrinfo(res);
-  if (fd < 0) return -1;
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  // Small requests (a batch, a blocking call) must leave at once, not wait for Nagle.
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  return fd;
+  return *fd;
 }
 
 // Reader limits for the daemon's replies: bounded, like every decode, but generous, since the
@@ -126,7 +139,7 @@ Connection* Connection::Connect() {
     fd = ConnectUnix(s);
   } else if (const char* a = std::getenv("GMUX_ADDRESS"); a != nullptr && *a != '\0') {
     tcp = true;
-    fd = ConnectTcp(a);
+    fd = ConnectRemote(a);
     if (const char* t = std::getenv("GMUX_TOKEN"); t != nullptr) token = t;
   } else {
     fd = ConnectUnix(kDefaultSocket);
@@ -151,6 +164,7 @@ Connection* Connection::Connect() {
   auto msg = proto::ReadFrame(fd, proto::FrameKind::kReply, ReplyLimits());
   if (!msg.ok()) {
     ::close(fd);
+    if (tcp) ReportTlsRefusal();
     return nullptr;
   }
   auto conn = new Connection();

@@ -1,7 +1,9 @@
 // Connection: the ICD's one session with gmuxd.
 //
 // Opened lazily on the first platform query (GMUX_SOCKET, else GMUX_ADDRESS "host:port" over
-// TCP with the token GMUX_TOKEN, else the default socket path; read once, at that moment).
+// TLS — "tcp://host:port" for plain TCP — with the token GMUX_TOKEN, else the default socket
+// path; read once, at that moment). TLS runs in a relay thread (tls/tls.h, ClientConnect): this
+// class speaks plaintext on the relay's socketpair.
 // Over TCP bulk data always travels inline. Connecting and the handshake are bounded by
 // timeouts, so a missing or stuck daemon yields "no devices", never a hang. A receiver thread
 // reads every reply: it copies read data into the application's memory, hands other replies

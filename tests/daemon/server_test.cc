@@ -399,6 +399,7 @@ class TcpServerTest : public ::testing::Test {
     DaemonOptions o;
     o.socket_path = dir_ + "/gmuxd.sock";
     o.listen = "127.0.0.1:0";
+    o.plain_tcp = true;  // raw protocol frames over TCP (TLS has tests of its own)
     o.unknown_tokens = unknown;
     o.default_tenant = "guests";
     o.tenants = {{"alice", 2.0, {}, {}, {"alice-secret"}}, {"bob", 1.0, {}, {}, {"bob-secret", "bob-2"}}};

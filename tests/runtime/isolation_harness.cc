@@ -170,8 +170,11 @@ void PrivateDaemon::Start(const std::string& config_toml, bool tcp) {
     ::unsetenv("GMUX_ADDRESS");
     ::unsetenv("GMUX_TOKEN");
     if (tcp) {
+      // Plain TCP unless the test's config sets up TLS.
+      const bool tls = config_toml.find("tls_cert") != std::string::npos;
       ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", socket_.c_str(), "--config", config.c_str(),
               "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(), "--exit-after", "300",
+              tls ? "--log-level" : "--plain-tcp", tls ? "info" : nullptr,
               static_cast<char*>(nullptr));
     } else {
       ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", socket_.c_str(), "--config", config.c_str(),

@@ -19,6 +19,8 @@
 #include <fstream>
 #include <thread>
 
+#include "runtime/test_pki.h"
+
 namespace gmux::testing {
 
 std::string RuntimeEnv::dir;
@@ -26,6 +28,7 @@ std::string RuntimeEnv::socket;
 int RuntimeEnv::daemon_pid = -1;
 bool RuntimeEnv::start_daemon = true;
 bool RuntimeEnv::tcp = false;
+bool RuntimeEnv::tls = false;
 int RuntimeEnv::tcp_port = 0;
 
 namespace {
@@ -71,9 +74,20 @@ class DaemonEnvironment : public ::testing::Environment {
     // TCP mode: a config giving the test token its own tenant, and a file for the bound port.
     std::string config = RuntimeEnv::dir + "/gmuxd.toml";
     std::string port_file = RuntimeEnv::dir + "/tcp-port";
+    TestPki pki;
     if (RuntimeEnv::tcp) {
-      std::ofstream(config) << "[[tenant]]\nname = \"" << kTcpTenant << "\"\ntokens = [\""
-                            << kTcpToken << "\"]\n";
+      std::ofstream out(config);
+      if (RuntimeEnv::tls) {
+        // TLS mode: certificates of a test CA, which the ICD is told to trust.
+        const std::string err = MakeTestPki(RuntimeEnv::dir + "/pki", &pki);
+        ASSERT_EQ(err, "");
+        out << "[daemon]\ntls_cert = \"" << pki.server_cert() << "\"\ntls_key = \""
+            << pki.server_key() << "\"\n";
+      } else {
+        out << "[daemon]\nplain_tcp = true\n";
+      }
+      out << "[[tenant]]\nname = \"" << kTcpTenant << "\"\ntokens = [\"" << kTcpToken
+          << "\"]\n";
     }
     pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
@@ -106,7 +120,9 @@ class DaemonEnvironment : public ::testing::Environment {
     if (RuntimeEnv::tcp) {
       std::ifstream(port_file) >> RuntimeEnv::tcp_port;
       ASSERT_GT(RuntimeEnv::tcp_port, 0);
-      std::string address = "127.0.0.1:" + std::to_string(RuntimeEnv::tcp_port);
+      std::string address = (RuntimeEnv::tls ? "127.0.0.1:" : "tcp://127.0.0.1:") +
+                            std::to_string(RuntimeEnv::tcp_port);
+      if (RuntimeEnv::tls) ::setenv("GMUX_TLS_CA", pki.ca().c_str(), 1);
       ::unsetenv("GMUX_SOCKET");
       ::setenv("GMUX_ADDRESS", address.c_str(), 1);
       ::setenv("GMUX_TOKEN", kTcpToken, 1);
@@ -208,6 +224,9 @@ int main(int argc, char** argv) {
 #endif
 #ifdef GMUX_TEST_TCP
   gmux::testing::RuntimeEnv::tcp = true;
+#endif
+#ifdef GMUX_TEST_TLS
+  gmux::testing::RuntimeEnv::tls = true;
 #endif
   ::testing::AddGlobalTestEnvironment(new gmux::testing::DaemonEnvironment());
   return RUN_ALL_TESTS();

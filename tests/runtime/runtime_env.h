@@ -22,6 +22,9 @@ struct RuntimeEnv {
   // TCP mode (tests built with GMUX_TEST_TCP): gmuxd also listens on 127.0.0.1, port 0, and
   // the ICD reaches it through GMUX_ADDRESS with the token kTcpToken.
   static bool tcp;
+  // With tcp, TLS (tests built with GMUX_TEST_TLS): gmuxd has a test CA's certificate and the
+  // ICD trusts that CA (GMUX_TLS_CA); without, plain TCP (plain_tcp, "tcp://" address).
+  static bool tls;
   static int tcp_port;
 };
 

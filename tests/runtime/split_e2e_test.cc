@@ -223,8 +223,8 @@ class SplitE2eTest : public ::testing::Test {
       FILE* f = std::freopen(log.c_str(), "w", stderr);
       if (f != nullptr) ::dup2(::fileno(stderr), 1);
       ::execl(GMUXD_PATH, GMUXD_PATH, "--config", config.c_str(), "--socket", socket_.c_str(),
-              "--listen", "127.0.0.1:0", "--port-file", port_file.c_str(), "--exit-after", "120",
-              static_cast<char*>(nullptr));
+              "--listen", "127.0.0.1:0", "--plain-tcp", "--port-file", port_file.c_str(),
+              "--exit-after", "120", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     daemon_pid_ = pid;
@@ -240,7 +240,7 @@ class SplitE2eTest : public ::testing::Test {
     std::ifstream(port_file) >> port;
     ASSERT_GT(port, 0);
     // Both tenants reach the daemon over TCP, each with its own token (GMUX_SOCKET would win).
-    std::string address = "127.0.0.1:" + std::to_string(port);
+    std::string address = "tcp://127.0.0.1:" + std::to_string(port);
     ::unsetenv("GMUX_SOCKET");
     ::setenv("GMUX_ADDRESS", address.c_str(), 1);
 

@@ -16,6 +16,7 @@
 #include "daemon/config.h"
 #include "proto/frame.h"
 #include "proto/gmux.capnp.h"
+#include "tls/tls.h"
 
 namespace gmux::cli {
 
@@ -40,17 +41,32 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
                                    const std::optional<LeaseArgs>& lease,
                                    const std::optional<FramesArgs>& frames,
                                    const std::optional<AdminArgs>& admin) {
-  const std::string path = ControlSocketPath(socket_arg);
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return InvalidArgument("socket path too long: " + path);
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Unavailable("cannot create a socket");
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    std::string err = std::strerror(errno);
-    ::close(fd);
-    return Unavailable("cannot connect to gmuxd at " + path + ": " + err);
+  // Over TCP (GMUX_ADDRESS, TLS unless "tcp://") when no Unix socket is named: an operator's
+  // token (admin_tokens) in GMUX_TOKEN may then manage tenants from another host.
+  const char* address = std::getenv("GMUX_ADDRESS");
+  const char* env_socket = std::getenv("GMUX_SOCKET");
+  const bool remote = socket_arg.empty() && (env_socket == nullptr || *env_socket == '\0') &&
+                      address != nullptr && *address != '\0';
+  std::string token;
+  int fd = -1;
+  if (remote) {
+    if (const char* t = std::getenv("GMUX_TOKEN"); t != nullptr) token = t;
+    GMUX_ASSIGN_OR_RETURN(fd, tls::Dial(address, tls::ClientOptionsFromEnvironment()));
+  } else {
+    const std::string path = ControlSocketPath(socket_arg);
+    sockaddr_un addr{};
+    if (path.size() >= sizeof(addr.sun_path)) {
+      return InvalidArgument("socket path too long: " + path);
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size());
+    fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Unavailable("cannot create a socket");
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      std::string err = std::strerror(errno);
+      ::close(fd);
+      return Unavailable("cannot connect to gmuxd at " + path + ": " + err);
+    }
   }
   timeval tv{10, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -64,6 +80,7 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
     h.setPid(static_cast<uint32_t>(::getpid()));
     h.setClientName(client);
     h.setControl(true);
+    if (remote) h.setToken(token);
     auto r1 = Call(fd, hello);
     if (!r1.ok()) {
       out = r1.status();
@@ -105,7 +122,8 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
     }
     auto rep = r2->root<wire::Reply>();
     if (rep.getStatus() != CL_SUCCESS) {
-      out = FailedPrecondition(std::string("gmuxd: ") + rep.getMessage().cStr());
+      const std::string m = rep.getMessage().cStr();
+      out = FailedPrecondition(m.rfind("gmuxd: ", 0) == 0 ? m : "gmuxd: " + m);
     } else if (lease && rep.isLease()) {
       out = std::string(rep.getLease().cStr());
     } else if (frames && rep.isFrames()) {

@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
   app.add_option("--socket", socket_path, "Unix socket to listen on (overrides the config)");
   app.add_option("--listen", listen,
                  "also listen on TCP at HOST:PORT (overrides the config; port 0 picks one)");
+  bool plain_tcp = false;
+  app.add_flag("--plain-tcp", plain_tcp,
+               "accept unencrypted TCP on --listen (a trusted network only; otherwise configure "
+               "tls_cert and tls_key)");
   app.add_option("--port-file", port_file,
                  "write the TCP port bound to this file once listening (with --listen port 0)");
   app.add_option("--backend-library", backend_library,
@@ -86,6 +90,7 @@ int main(int argc, char** argv) {
   auto overrides = [&](gmux::daemon::DaemonOptions& o) {
     if (!socket_path.empty()) o.socket_path = socket_path;
     if (!listen.empty()) o.listen = listen;
+    if (plain_tcp) o.plain_tcp = true;
     if (!backend_library.empty()) o.backend.library = backend_library;
   };
   overrides(options);
@@ -125,8 +130,11 @@ int main(int argc, char** argv) {
                backend.devices().size(), backend.PlatformName().c_str(), backend.library().c_str(),
                (*server)->socket_path().c_str(), options.policy.c_str());
   if ((*server)->tcp_port() != 0) {
-    spdlog::info("listening on TCP {}, port {}", options.listen.c_str(),
-                 static_cast<unsigned>((*server)->tcp_port()));
+    spdlog::info("listening on TCP {}, port {}, {}", options.listen.c_str(),
+                 static_cast<unsigned>((*server)->tcp_port()),
+                 options.plain_tcp ? "plain (unencrypted)"
+                 : options.tls_client_ca.empty() ? "TLS"
+                                                 : "TLS with client certificates");
   }
   if ((*server)->metrics_port() != 0) {
     spdlog::info("Prometheus metrics at {} (port {}), path /metrics",
