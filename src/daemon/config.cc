@@ -66,7 +66,9 @@ Status DaemonOptions::Validate() const {
   if (max_sessions == 0) return InvalidArgument("max_sessions must be > 0");
   if (inflight_per_device == 0) return InvalidArgument("inflight_per_device must be > 0");
   if (!listen.empty()) GMUX_RETURN_IF_ERROR(ParseListenAddress(listen).status());
-  GMUX_RETURN_IF_ERROR(ValidateTls());
+  // Whether TCP is TLS or explicitly plain is checked when the server is made (the command line
+  // may still add --plain-tcp to a file's listen).
+  GMUX_RETURN_IF_ERROR(ValidateTls(/*complete=*/false));
   if (!metrics_listen.empty()) GMUX_RETURN_IF_ERROR(ParseListenAddress(metrics_listen).status());
   GMUX_RETURN_IF_ERROR(frame.Validate());
   GMUX_RETURN_IF_ERROR(backend.Validate());

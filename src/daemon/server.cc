@@ -72,6 +72,7 @@ extern "C" char** environ;
 
 Result<std::unique_ptr<Server>> Server::Create(const DaemonOptions& options) {
   GMUX_RETURN_IF_ERROR(options.Validate());
+  GMUX_RETURN_IF_ERROR(options.ValidateTls(/*complete=*/true));
   auto s = std::unique_ptr<Server>(new Server());
   s->options_ = options;
   s->socket_path_ = options.socket_path.empty() ? DefaultSocketPath() : options.socket_path;

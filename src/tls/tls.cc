@@ -62,7 +62,9 @@ std::string Reason(const std::error_code& ec, SSL* ssl) {
 std::string LastOpenSslError() {
   unsigned long e = ERR_get_error();
   std::string out = "unknown error";
-  if (e != 0) {
+  if (e != 0 && ERR_SYSTEM_ERROR(e)) {
+    out = std::strerror(ERR_GET_REASON(e));
+  } else if (e != 0) {
     char buf[256];
     ERR_error_string_n(e, buf, sizeof(buf));
     out = ERR_reason_error_string(e) != nullptr ? ERR_reason_error_string(e) : buf;
@@ -215,7 +217,9 @@ Result<ContextPtr> ServerContext(const ServerOptions& o) {
     return InvalidArgument("tls_cert '" + o.cert_file + "': " + LastOpenSslError());
   }
   if (SSL_CTX_use_PrivateKey_file(c, o.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return InvalidArgument("tls_key '" + o.key_file + "': " + LastOpenSslError());
+    const bool mismatch = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH;
+    const std::string why = LastOpenSslError();
+    if (!mismatch) return InvalidArgument("tls_key '" + o.key_file + "': " + why);
   }
   if (SSL_CTX_check_private_key(c) != 1) {
     return InvalidArgument("tls_key '" + o.key_file + "' is not the key of tls_cert '" +

@@ -196,6 +196,40 @@ tokens = ["a-secret", "a-second"]
   EXPECT_FALSE(dup.ok());
 }
 
+TEST(DaemonConfigTest, TcpIsTlsOrExplicitlyPlain) {
+  auto tls = ParseDaemonConfig("[daemon]\nlisten = \"0.0.0.0:7450\"\ntls_cert = \"/c.pem\"\n"
+                               "tls_key = \"/k.pem\"\ntls_client_ca = \"/ca.pem\"\n",
+                               "g.toml");
+  ASSERT_TRUE(tls.ok()) << tls.status().ToString();
+  EXPECT_EQ(tls->tls_cert, "/c.pem");
+  EXPECT_EQ(tls->tls_client_ca, "/ca.pem");
+  EXPECT_TRUE(tls->ValidateTls().ok());
+  // listen alone: parsed (the command line may add --plain-tcp), refused once final.
+  auto bare = ParseDaemonConfig("[daemon]\nlisten = \"0.0.0.0:7450\"\n", "g.toml");
+  ASSERT_TRUE(bare.ok());
+  Status final_check = bare->ValidateTls();
+  ASSERT_FALSE(final_check.ok());
+  EXPECT_NE(final_check.message().find("plain_tcp = true"), std::string::npos);
+  bare->plain_tcp = true;
+  EXPECT_TRUE(bare->ValidateTls().ok());
+  // Contradictions and halves are the file's errors, with its line.
+  for (const char* bad : {"plain_tcp = true\ntls_cert = \"/c\"\ntls_key = \"/k\"\n",
+                          "tls_cert = \"/c\"\n", "tls_key = \"/k\"\n",
+                          "tls_client_ca = \"/ca\"\n"}) {
+    auto r = ParseDaemonConfig(std::string("[daemon]\n") + bad, "g.toml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("g.toml:"), std::string::npos) << r.status().message();
+  }
+  // Files that do not load are named (checked when the gateway is made).
+  tls::ServerOptions so;
+  so.cert_file = "/nonexistent/cert.pem";
+  so.key_file = "/nonexistent/key.pem";
+  Status files = so.Validate();
+  ASSERT_FALSE(files.ok());
+  EXPECT_NE(files.message().find("tls_cert '/nonexistent/cert.pem'"), std::string::npos)
+      << files.message();
+}
+
 TEST(DaemonConfigTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadDaemonConfig("/nonexistent/gmux.toml").status().code(), StatusCode::kNotFound);
 }

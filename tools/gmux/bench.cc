@@ -349,10 +349,14 @@ int RunBench(const BenchOptions& o) {
 
   Daemon daemon;
   daemon.socket = o.socket;
-  if (daemon.socket.empty() && std::getenv("GMUX_SOCKET") != nullptr) {
+  if (daemon.socket.empty() && o.address.empty() && std::getenv("GMUX_SOCKET") != nullptr) {
     daemon.socket = std::getenv("GMUX_SOCKET");
   }
-  if (daemon.socket.empty()) {
+  if (!o.address.empty()) {
+    // A daemon over TCP (TLS unless "tcp://"; GMUX_TOKEN and GMUX_TLS_* from the environment).
+    ::unsetenv("GMUX_SOCKET");
+    ::setenv("GMUX_ADDRESS", o.address.c_str(), 1);
+  } else if (daemon.socket.empty()) {
     // None named: start this build's gmuxd on a socket of its own, with the default config.
     const std::string gmuxd = (exe.parent_path() / "gmuxd").string();
     if (!std::filesystem::exists(gmuxd)) {
@@ -391,7 +395,7 @@ int RunBench(const BenchOptions& o) {
       return 1;
     }
   }
-  ::setenv("GMUX_SOCKET", daemon.socket.c_str(), 1);
+  if (o.address.empty()) ::setenv("GMUX_SOCKET", daemon.socket.c_str(), 1);
   // The loader sees both platforms: the application's own vendor list when it has one (it must
   // then name gmux too), else the system's vendors beside this build's ICD.
   if (std::getenv("OCL_ICD_VENDORS") == nullptr) {
@@ -450,7 +454,9 @@ int RunBench(const BenchOptions& o) {
   const int mm = o.quick ? 128 : 512, repeat = std::max(1, o.repeat);
   json out;
   out["native_platform"] = PlatformName(npf);
-  out["daemon"] = daemon.pid > 0 ? "started by gmux bench" : daemon.socket;
+  out["daemon"] = !o.address.empty() ? o.address
+                 : daemon.pid > 0    ? "started by gmux bench"
+                                     : daemon.socket;
   out["repeat"] = repeat;
   out["socket_round_trip_us"] = rtt;
   try {

@@ -9,6 +9,7 @@ namespace gmux::cli {
 
 struct BenchOptions {
   std::string socket;           // a running gmuxd; empty: $GMUX_SOCKET, else start one
+  std::string address;          // a gmuxd over TCP instead (GMUX_ADDRESS form; TLS by default)
   std::string native;           // the native platform's name (substring); empty: the first other
   std::vector<std::string> sizes{"4K", "64K", "1M", "16M", "256M"};  // transfer sizes
   int repeat = 3;               // runs of each workload per platform (the median is reported)

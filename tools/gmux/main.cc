@@ -381,6 +381,10 @@ int main(int argc, char** argv) {
                     "A running gmuxd's Unix socket (default: $GMUX_SOCKET; with neither, this "
                     "build's gmuxd is started on a socket of its own for the run)")
       ->type_name("PATH");
+  bench->add_option("--address", bench_opts.address,
+                    "A running gmuxd over TCP instead: HOST:PORT is TLS (GMUX_TLS_CA and "
+                    "GMUX_TOKEN from the environment), tcp://HOST:PORT plain TCP")
+      ->type_name("ADDRESS");
   bench->add_option("--native", bench_opts.native,
                     "The native platform: a part of its name (default: the first that is not gmux)");
   bench->add_option("--sizes", bench_opts.sizes, "Transfer sizes, e.g. 4K,1M,256M")
