@@ -31,7 +31,7 @@ start() {
   printf '%s\n[[tenant]]\nname = "bench"\ntokens = ["bench-token"]\n' "$config" \
     > "$dir/$name.toml"
   "$bin/gmuxd" --socket "$dir/$name.sock" --config "$dir/$name.toml" --listen 127.0.0.1:0 \
-    --port-file "$dir/$name.port" --exit-after 1800 2> "$dir/$name.log" &
+    --port-file "$dir/$name.port" --exit-after 1800 > "$dir/$name.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 300); do [ -s "$dir/$name.port" ] && break; sleep 0.1; done
   cat "$dir/$name.port"

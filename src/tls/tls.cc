@@ -20,6 +20,8 @@
 #include <asio/ssl.hpp>
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <vector>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -261,7 +263,9 @@ struct Gateway::Impl {
   ContextPtr ctx;  // GUARDED_BY(mu): for connections accepted from now on
   Handoff handoff;
   std::function<void(Failure)> on_failure;
-  size_t handshakes = 0;  // io thread only
+  size_t handshakes = 0;  // io thread only, as `pending`
+  struct Pending;
+  std::map<std::string, std::vector<std::weak_ptr<Pending>>> pending;  // by origin, oldest first
   std::atomic<size_t> live{0};
 
   ContextPtr Context() {
@@ -289,35 +293,89 @@ struct Gateway::Impl {
     });
   }
 
+  // A handshake in progress. `why_closed` says who closed it before it finished.
+  struct Pending {
+    std::unique_ptr<TlsStream> stream;
+    std::string origin;
+    const char* why_closed = nullptr;
+  };
+
+  // Closes a handshake in progress; its handler then runs with operation_aborted.
+  static void Abort(Pending& p, const char* why) {
+    if (p.stream == nullptr || p.why_closed != nullptr) return;
+    p.why_closed = why;
+    std::error_code ec;
+    p.stream->lowest_layer().close(ec);
+  }
+
+  // Room for one more handshake from `origin`: true when there is (perhaps by closing the oldest
+  // handshake of the origin holding the most, so that no address can keep everyone else out by
+  // opening connections and saying nothing), false when the newcomer must go. The broker shares
+  // its own room for connections that have not said hello the same way.
+  bool MakeRoom(const std::string& origin) {
+    if (handshakes < options.max_handshakes) return true;
+    auto greediest = pending.end();
+    for (auto it = pending.begin(); it != pending.end(); ++it) {
+      if (greediest == pending.end() || it->second.size() > greediest->second.size()) {
+        greediest = it;
+      }
+    }
+    const auto mine = pending.find(origin);
+    const size_t have = mine == pending.end() ? 0 : mine->second.size();
+    if (greediest == pending.end() || have + 1 >= greediest->second.size()) return false;
+    for (auto& w : greediest->second) {
+      if (auto p = w.lock(); p != nullptr && p->why_closed == nullptr) {
+        Abort(*p, "closed to make room for another address's handshake (max_unidentified)");
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void Forget(const std::shared_ptr<Pending>& p) {
+    auto it = pending.find(p->origin);
+    if (it == pending.end()) return;
+    std::erase_if(it->second, [&](const std::weak_ptr<Pending>& w) {
+      auto q = w.lock();
+      return q == nullptr || q == p;
+    });
+    if (it->second.empty()) pending.erase(it);
+  }
+
   void Handshake(Tcp::socket sock) {
     std::error_code ec;
     const auto peer = sock.remote_endpoint(ec);
     const std::string origin =
         "address " + (ec ? std::string("?") : peer.address().to_string());
-    if (handshakes >= options.max_handshakes) {
+    if (!MakeRoom(origin)) {
       sock.close(ec);
-      Fail(origin, "too many TLS handshakes in progress");
+      Fail(origin, "too many TLS handshakes in progress (max_unidentified)");
       return;
     }
     sock.set_option(Tcp::no_delay(true), ec);
     ContextPtr current = Context();
-    auto stream = std::make_shared<std::unique_ptr<TlsStream>>(
-        std::make_unique<TlsStream>(std::move(sock), *current));
+    auto hs = std::make_shared<Pending>();
+    hs->stream = std::make_unique<TlsStream>(std::move(sock), *current);
+    hs->origin = origin;
+    pending[origin].push_back(hs);
     auto timer = std::make_shared<asio::steady_timer>(io);
     ++handshakes;
     timer->expires_after(std::chrono::milliseconds(
         static_cast<int64_t>(options.handshake_timeout_s * 1e3)));
-    timer->async_wait([stream](std::error_code wec) {
-      if (wec || *stream == nullptr) return;
-      std::error_code cec;
-      (*stream)->lowest_layer().close(cec);  // the handshake ends with operation_aborted
+    timer->async_wait([hs](std::error_code wec) {
+      if (!wec) Abort(*hs, "handshake timed out (handshake_timeout_s)");
     });
-    (*stream)->async_handshake(
+    hs->stream->async_handshake(
         asio::ssl::stream_base::server,
-        [this, stream, timer, current, origin](std::error_code hec) {
+        [this, hs, timer, current, origin](std::error_code hec) {
           --handshakes;
           timer->cancel();
-          std::unique_ptr<TlsStream> s = std::move(*stream);
+          Forget(hs);
+          std::unique_ptr<TlsStream> s = std::move(hs->stream);
+          if (hs->why_closed != nullptr) {
+            Fail(origin, hs->why_closed);
+            return;
+          }
           if (hec) {
             SSL* ssl = s->native_handle();
             const bool credential =

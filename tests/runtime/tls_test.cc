@@ -358,6 +358,49 @@ TEST(TlsTest, BadPeersDisturbNobody) {
   EXPECT_NE(daemon.Log().find("handshake timed out"), std::string::npos) << daemon.Log();
 }
 
+// A connection to 127.0.0.1:port from the loopback address `source` (another origin).
+int ConnectFrom(const char* source, int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &a.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Handshakes in progress are limited (max_unidentified), and shared fairly: an address that
+// holds all of them with silent connections loses its oldest to a newcomer from elsewhere, so it
+// cannot keep every other client out for as long as it likes.
+TEST(TlsTest, OneAddressCannotHoldEveryHandshake) {
+  PrivateDaemon daemon;
+  std::string config = TlsConfig(false, Pki().server_cert(), Pki().server_key());
+  config.insert(config.find("\n") + 1, "max_unidentified = 4\nhandshake_timeout_s = 60\n");
+  daemon.Start(config, /*tcp=*/true);
+  std::vector<int> hogs;
+  for (int i = 0; i < 6; ++i) {
+    int fd = ConnectFrom("127.0.0.2", daemon.tcp_port());
+    ASSERT_GE(fd, 0);
+    hogs.push_back(fd);
+  }
+  std::this_thread::sleep_for(300ms);  // accepted: four held, the rest refused
+  Child c = Child::Spawn(daemon, Remote(Address(daemon.tcp_port()), Pki().ca()),
+                         [](Channel&) { return GoodTenant(3); });
+  EXPECT_TRUE(c.Wait(60s).ok()) << daemon.Log();
+  const std::string log = daemon.Log();
+  EXPECT_NE(log.find("address 127.0.0.2 failed: too many TLS handshakes"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("address 127.0.0.2 failed: closed to make room"), std::string::npos) << log;
+  for (int fd : hogs) ::close(fd);
+}
+
 // Certificates are renewed with SIGHUP: new connections get the new one, running sessions keep
 // theirs; a reload with an unreadable key is refused whole and the old certificate stays.
 TEST(TlsTest, SighupRenewsTheCertificate) {
