@@ -12,6 +12,7 @@ extra=("$@")
 [ ${#extra[@]} -eq 0 ] && extra=(--sizes 4K,1M,64M,256M --repeat 3)
 bin="$(cd "$build/bin" && pwd)"
 dir="$(mktemp -d /tmp/gmux-bench-tls-XXXXXX)"
+chmod 755 "$dir"  # TCP tenants' workers run as worker_user (nobody) and keep a cache in it
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
@@ -28,8 +29,9 @@ openssl x509 -req -days 2 -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/c
 # start NAME CONFIG: gmuxd on a socket and TCP port 0 of its own; prints the port.
 start() {
   local name="$1" config="$2"
-  printf '%s\n[[tenant]]\nname = "bench"\ntokens = ["bench-token"]\n' "$config" \
-    > "$dir/$name.toml"
+  # A state dir of its own: two daemons must not share their workers' caches.
+  printf '%s\nstate_dir = "%s"\n[[tenant]]\nname = "bench"\ntokens = ["bench-token"]\n' \
+    "$config" "$dir/$name-state" > "$dir/$name.toml"
   "$bin/gmuxd" --socket "$dir/$name.sock" --config "$dir/$name.toml" --listen 127.0.0.1:0 \
     --port-file "$dir/$name.port" --exit-after 1800 > "$dir/$name.log" 2>&1 &
   pids+=($!)
@@ -53,20 +55,24 @@ env -u GMUX_SOCKET "$bin/gmux" bench --socket "$dir/tls.sock" --json "${extra[@]
 python3 - "$dir" <<'PY'
 import json, sys
 d = sys.argv[1]
-runs = {k: json.load(open(f"{d}/{k}.json")) for k in ("unix", "plain", "tls")}
-def rows(j, prefix=""):
-    out = {}
-    for k, v in j.items():
-        if isinstance(v, dict):
-            out.update(rows(v, prefix + k + "."))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[prefix + k] = v
+names = (("unix", "Unix socket"), ("plain", "plain TCP"), ("tls", "TLS"))
+runs = {k: json.load(open(f"{d}/{k}.json")) for k, _ in names}
+def fig(j):
+    out = {
+        "launch + clFinish p50, added us": j["launch_us"]["gmux"]["p50"] - j["launch_us"]["native"]["p50"],
+        "launch + clFinish p99, added us": j["launch_us"]["gmux"]["p99"] - j["launch_us"]["native"]["p99"],
+        "pipelined launches, x native": j["pipelined_per_s"]["gmux"] / j["pipelined_per_s"]["native"],
+        "512^2 matmul end to end, x native": j["matmul_ms"]["gmux"] / j["matmul_ms"]["native"],
+    }
+    for t in j["transfers"]:
+        b = t["bytes"]
+        size = f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+        for op in ("write", "read"):
+            out[f"{size} blocking {op}, GB/s"] = t[f"{op}_gbps"]["gmux"]
+            out[f"{size} blocking {op}, x native"] = t[f"{op}_gbps"]["gmux"] / t[f"{op}_gbps"]["native"]
     return out
-flat = {k: rows(v) for k, v in runs.items()}
-keys = [k for k in flat["tls"] if "ratio" in k or k.endswith("_us") or "gbps" in k.lower()]
-print(f"{'figure':52} {'unix':>10} {'tcp':>10} {'tls':>10}")
-for k in keys:
-    vals = [flat[r].get(k) for r in ("unix", "plain", "tls")]
-    print(f"{k:52} " + " ".join(f"{v:10.3f}" if isinstance(v, (int, float)) else f"{'-':>10}"
-                                  for v in vals))
+figs = {k: fig(v) for k, v in runs.items()}
+print(f"{'figure (gmux bench, same-run native baseline)':44}" + "".join(f"{n:>13}" for _, n in names))
+for key in figs["tls"]:
+    print(f"{key:44}" + "".join(f"{figs[k][key]:13.3f}" for k, _ in names))
 PY
