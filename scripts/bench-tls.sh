@@ -26,7 +26,7 @@ printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$dir/ext"
 openssl x509 -req -days 2 -in "$dir/server.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca.key" \
   -set_serial 1 -extfile "$dir/ext" -out "$dir/server.pem" 2>/dev/null
 
-# start NAME CONFIG: gmuxd on a socket and TCP port 0 of its own; prints the port.
+# start NAME CONFIG: gmuxd on a socket and TCP port 0 of its own (its port: port NAME).
 start() {
   local name="$1" config="$2"
   # A state dir of its own: two daemons must not share their workers' caches.
@@ -35,15 +35,19 @@ start() {
   "$bin/gmuxd" --socket "$dir/$name.sock" --config "$dir/$name.toml" --listen 127.0.0.1:0 \
     --port-file "$dir/$name.port" --exit-after 1800 > "$dir/$name.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 300); do [ -s "$dir/$name.port" ] && break; sleep 0.1; done
-  cat "$dir/$name.port"
+}
+port() {
+  for _ in $(seq 300); do [ -s "$dir/$1.port" ] && break; sleep 0.1; done
+  cat "$dir/$1.port"
 }
 
-tls_port=$(start tls "[daemon]
+start tls "[daemon]
 tls_cert = \"$dir/server.pem\"
-tls_key = \"$dir/server.key\"")
-plain_port=$(start plain "[daemon]
-plain_tcp = true")
+tls_key = \"$dir/server.key\""
+start plain "[daemon]
+plain_tcp = true"
+tls_port=$(port tls)
+plain_port=$(port plain)
 
 echo "gmux bench over TLS (port $tls_port), plain TCP (port $plain_port), Unix socket; in $dir" >&2
 GMUX_TOKEN=bench-token GMUX_TLS_CA="$dir/ca.pem" \
