@@ -254,6 +254,9 @@ Status ServerOptions::Validate() const {
 }
 
 struct Gateway::Impl {
+  // Before `io`: relays still owned by its handlers count themselves out of it when `io` is
+  // destroyed.
+  std::atomic<size_t> live{0};
   asio::io_context io{1};
   Tcp::acceptor acceptor{io};
   asio::steady_timer retry{io};
@@ -266,7 +269,6 @@ struct Gateway::Impl {
   size_t handshakes = 0;  // io thread only, as `pending`
   struct Pending;
   std::map<std::string, std::vector<std::weak_ptr<Pending>>> pending;  // by origin, oldest first
-  std::atomic<size_t> live{0};
 
   ContextPtr Context() {
     std::lock_guard<std::mutex> lock(mu);
