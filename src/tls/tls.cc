@@ -456,6 +456,11 @@ Status Gateway::Reload(const ServerOptions& options) {
 size_t Gateway::relays() const { return impl_->live.load(); }
 
 Result<int> ClientConnect(int tcp_fd, const ClientOptions& o) {
+  // The relay thread outlives main() (the ICD's connection is never torn down, the CLI exits
+  // while its relay drains): OpenSSL must not free its global state from an atexit handler while
+  // that thread may be inside it.
+  static const bool initialized = OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+  (void)initialized;
   auto io = std::make_shared<asio::io_context>(1);
   ContextPtr ctx;
   try {
