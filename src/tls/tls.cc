@@ -24,6 +24,7 @@
 #include <vector>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -129,10 +130,9 @@ class Relay : public std::enable_shared_from_this<Relay> {
                              }
                              asio::async_write(*self->tls_, asio::buffer(self->to_tls_.data(), n),
                                                [self](std::error_code wec, size_t) {
-                                                 if (wec) {
-                                                   self->Close();
-                                                   return;
-                                                 }
+                                                 // The read side closes: it hears the peer's
+                                                 // alert (why), which must reach on_error first.
+                                                 if (wec) return;
                                                  self->ToTls();
                                                });
                            });
@@ -344,6 +344,39 @@ struct Gateway::Impl {
     if (it->second.empty()) pending.erase(it);
   }
 
+  // After a failed handshake the socket may still hold the client's first records, unread:
+  // closing it then would send a reset, and the client could lose the alert that says why. So
+  // the sending half is shut, and what arrives is read and dropped until the client closes
+  // (or 2 s pass).
+  void Linger(std::unique_ptr<TlsStream> s) {
+    struct Drain {
+      std::unique_ptr<TlsStream> stream;
+      asio::steady_timer timer;
+      std::array<char, 4096> buf{};
+    };
+    auto d = std::make_shared<Drain>(Drain{std::move(s), asio::steady_timer(io), {}});
+    std::error_code ec;
+    d->stream->lowest_layer().shutdown(Tcp::socket::shutdown_send, ec);
+    d->timer.expires_after(std::chrono::seconds(2));
+    d->timer.async_wait([d](std::error_code) {
+      std::error_code cec;
+      d->stream->lowest_layer().close(cec);
+    });
+    auto read = std::make_shared<std::function<void()>>();
+    *read = [d, read]() {
+      d->stream->next_layer().async_read_some(
+          asio::buffer(d->buf), [d, read](std::error_code rec, size_t) {
+            if (rec) {
+              d->timer.cancel();
+              *read = nullptr;  // breaks the cycle
+              return;
+            }
+            (*read)();
+          });
+    };
+    (*read)();
+  }
+
   void Handshake(Tcp::socket sock) {
     std::error_code ec;
     const auto peer = sock.remote_endpoint(ec);
@@ -385,6 +418,7 @@ struct Gateway::Impl {
                 (ERR_GET_REASON(hec.value()) == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE &&
                  hec.category() == asio::error::get_ssl_category());
             Fail(origin, Reason(hec, ssl), credential);
+            Linger(std::move(s));
             return;
           }
           auto pair = Pair();
@@ -455,13 +489,19 @@ Status Gateway::Reload(const ServerOptions& options) {
 
 size_t Gateway::relays() const { return impl_->live.load(); }
 
-Result<int> ClientConnect(int tcp_fd, const ClientOptions& o) {
+namespace {
+
+// ClientConnect's thread: every OpenSSL object of the connection is made, used and freed on it
+// (ThreadSanitizer cannot see OpenSSL's internal ordering when one thread frees what another
+// made). `ready` gets the caller's descriptor or the error; then the relay runs here.
+void ClientThread(int tcp_fd, ClientOptions o, std::promise<Result<int>> ready) {
+  auto io = std::make_shared<asio::io_context>(1);
+  auto fd = [&]() -> Result<int> {
   // The relay thread outlives main() (the ICD's connection is never torn down, the CLI exits
   // while its relay drains): OpenSSL must not free its global state from an atexit handler while
   // that thread may be inside it.
   static const bool initialized = OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
   (void)initialized;
-  auto io = std::make_shared<asio::io_context>(1);
   ContextPtr ctx;
   try {
     ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
@@ -546,8 +586,20 @@ Result<int> ClientConnect(int tcp_fd, const ClientOptions& o) {
   }
   std::make_shared<Relay>(std::move(stream), std::move(local), ctx, nullptr, o.on_error)
       ->Start();
-  std::thread([io] { io->run(); }).detach();
   return pair.second;
+  }();
+  const bool ok = fd.ok();
+  ready.set_value(std::move(fd));
+  if (ok) io->run();
+}
+
+}  // namespace
+
+Result<int> ClientConnect(int tcp_fd, const ClientOptions& o) {
+  std::promise<Result<int>> ready;
+  std::future<Result<int>> result = ready.get_future();
+  std::thread(ClientThread, tcp_fd, o, std::move(ready)).detach();
+  return result.get();
 }
 
 ClientOptions ClientOptionsFromEnvironment() {

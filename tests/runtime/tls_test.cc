@@ -308,7 +308,9 @@ TEST(TlsTest, ClientCertificatesAreRequiredWhenConfigured) {
   Child a = Child::Spawn(daemon, Remote(addr, Pki().ca()),
                          [&](Channel&) { return ExpectNoDevice(err1); });
   ASSERT_TRUE(a.Wait(60s).ok());
-  EXPECT_NE(ReadFile(err1).find("certificate required"), std::string::npos) << ReadFile(err1);
+  // With TLS 1.3 the refusal comes after the client's handshake; the alert that says why reaches
+  // the client's stderr most of the time but not always (a reset can overtake it), so only the
+  // refusal itself is checked here; the daemon's log below names the reason.
   const std::string err2 = ErrFile(daemon, "rogue.err");
   Child b = Child::Spawn(
       daemon,
@@ -316,8 +318,6 @@ TEST(TlsTest, ClientCertificatesAreRequiredWhenConfigured) {
                                 {"GMUX_TLS_KEY", Pki().rogue_key()}}),
       [&](Channel&) { return ExpectNoDevice(err2); });
   ASSERT_TRUE(b.Wait(60s).ok());
-  EXPECT_NE(ReadFile(err2).find("gmuxd ended the TLS connection"), std::string::npos)
-      << ReadFile(err2);
   Child c = Child::Spawn(
       daemon,
       Remote(addr, Pki().ca(), {{"GMUX_TLS_CERT", Pki().client_cert()},
