@@ -24,6 +24,7 @@
 #include <vector>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -157,7 +158,10 @@ class Relay : public std::enable_shared_from_this<Relay> {
                             asio::async_write(self->local_,
                                               asio::buffer(self->to_local_.data(), n),
                                               [self](std::error_code wec, size_t) {
-                                                if (wec) self->local_closed_ = true;
+                                                // Nobody reads the plaintext side any more:
+                                                // the TCP side gets the linger and then goes,
+                                                // whether or not its peer reads.
+                                                if (wec) self->LocalClosed();
                                                 self->ToLocal();
                                               });
                           });
@@ -166,6 +170,7 @@ class Relay : public std::enable_shared_from_this<Relay> {
   // The plaintext side is done: what it wrote has been sent; tell the TCP peer (FIN) and give it
   // kLinger to read that and close, so closing does not reset a connection with a reply unread.
   void LocalClosed() {
+    if (local_closed_ || closed_) return;  // once; and never after Close (no timer holds us)
     local_closed_ = true;
     std::error_code ec;
     local_.close(ec);
@@ -177,6 +182,7 @@ class Relay : public std::enable_shared_from_this<Relay> {
   }
 
   void Close() {
+    closed_ = true;
     std::error_code ec;
     linger_.cancel();
     tls_->lowest_layer().close(ec);
@@ -190,6 +196,7 @@ class Relay : public std::enable_shared_from_this<Relay> {
   std::atomic<size_t>* live_;
   std::function<void(const std::string&)> on_error_;
   bool local_closed_ = false;
+  bool closed_ = false;
   std::array<char, kRelayBytes> to_tls_{};
   std::array<char, kRelayBytes> to_local_{};
 };
@@ -238,6 +245,9 @@ Result<ContextPtr> ServerContext(const ServerOptions& o) {
     }
     SSL_CTX_set_client_CA_list(c, names);
     SSL_CTX_set_verify(c, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    // Resumed sessions with client certificates need a context id (else OpenSSL refuses them).
+    static const unsigned char kId[] = "gmuxd";
+    SSL_CTX_set_session_id_context(c, kId, sizeof(kId) - 1);
   }
   ERR_clear_error();
   return ctx;
@@ -388,6 +398,8 @@ struct Gateway::Impl {
       return;
     }
     sock.set_option(Tcp::no_delay(true), ec);
+    // Asio's accept leaves the descriptor inheritable: no hook or worker gmuxd forks may keep it.
+    ::fcntl(sock.native_handle(), F_SETFD, FD_CLOEXEC);
     ContextPtr current = Context();
     auto hs = std::make_shared<Pending>();
     hs->stream = std::make_unique<TlsStream>(std::move(sock), *current);
@@ -413,10 +425,9 @@ struct Gateway::Impl {
           }
           if (hec) {
             SSL* ssl = s->native_handle();
-            const bool credential =
-                SSL_get_verify_result(ssl) != X509_V_OK ||
-                (ERR_GET_REASON(hec.value()) == SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE &&
-                 hec.category() == asio::error::get_ssl_category());
+            // A certificate shown and rejected is a failed authentication; none shown is like a
+            // missing token (a client not set up, a probe): refused, not counted.
+            const bool credential = SSL_get_verify_result(ssl) != X509_V_OK;
             Fail(origin, Reason(hec, ssl), credential);
             Linger(std::move(s));
             return;
@@ -482,8 +493,16 @@ Gateway::~Gateway() {
 
 Status Gateway::Reload(const ServerOptions& options) {
   GMUX_ASSIGN_OR_RETURN(ContextPtr ctx, ServerContext(options));
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->ctx = std::move(ctx);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->ctx = std::move(ctx);
+  }
+  // The handshake limits (handshake_timeout_s, max_unidentified) belong to the gateway's thread.
+  Impl* impl = impl_.get();
+  asio::post(impl->io, [impl, options] {
+    impl->options.handshake_timeout_s = options.handshake_timeout_s;
+    impl->options.max_handshakes = options.max_handshakes;
+  });
   return Status::Ok();
 }
 
@@ -494,6 +513,10 @@ namespace {
 // ClientConnect's thread: every OpenSSL object of the connection is made, used and freed on it
 // (ThreadSanitizer cannot see OpenSSL's internal ordering when one thread frees what another
 // made). `ready` gets the caller's descriptor or the error; then the relay runs here.
+std::mutex client_relays_mu;
+std::condition_variable client_relays_cv;
+int client_relays = 0;  // GUARDED_BY(client_relays_mu): ClientThreads running
+
 void ClientThread(int tcp_fd, ClientOptions o, std::promise<Result<int>> ready) {
   auto io = std::make_shared<asio::io_context>(1);
   auto fd = [&]() -> Result<int> {
@@ -589,11 +612,25 @@ void ClientThread(int tcp_fd, ClientOptions o, std::promise<Result<int>> ready) 
   return pair.second;
   }();
   const bool ok = fd.ok();
+  if (ok) {
+    std::lock_guard<std::mutex> lock(client_relays_mu);
+    ++client_relays;
+  }
   ready.set_value(std::move(fd));
-  if (ok) io->run();
+  if (!ok) return;
+  io->run();
+  io.reset();
+  std::lock_guard<std::mutex> lock(client_relays_mu);
+  --client_relays;
+  client_relays_cv.notify_all();
 }
 
 }  // namespace
+
+bool WaitForClientRelays(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(client_relays_mu);
+  return client_relays_cv.wait_for(lock, timeout, [] { return client_relays == 0; });
+}
 
 Result<int> ClientConnect(int tcp_fd, const ClientOptions& o) {
   std::promise<Result<int>> ready;

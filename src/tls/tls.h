@@ -17,6 +17,7 @@
 // stream is detected by the frame reader, never taken for a short message).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -96,6 +97,11 @@ struct ClientOptions {
   // "certificate required", "unknown ca"), before the caller's end sees it close. May be empty.
   std::function<void(const std::string&)> on_error;
 };
+
+// Waits until every relay ClientConnect started has ended (its descriptor closed and the server's
+// side closed, or the linger passed); false when `timeout` passed first. A program about to exit
+// calls it so that no relay thread is inside OpenSSL while the process's statics go away.
+bool WaitForClientRelays(std::chrono::milliseconds timeout);
 
 // GMUX_TLS_CA, GMUX_TLS_CERT, GMUX_TLS_KEY and GMUX_TLS_SERVER_NAME (clients' environment).
 ClientOptions ClientOptionsFromEnvironment();

@@ -149,6 +149,8 @@ Result<std::string> ControlRequest(const std::string& socket_arg, const char* cl
     out = DataLoss(std::string("malformed reply: ") + e->getDescription().cStr());
   }
   ::close(fd);
+  // The relay thread ends when gmuxd has closed its side too: before this program exits.
+  if (remote) tls::WaitForClientRelays(std::chrono::seconds(6));
   if (out.ok() && out->empty()) return Unimplemented("this gmuxd does not report its scheduler");
   return out;
 }
