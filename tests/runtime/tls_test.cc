@@ -50,6 +50,17 @@ std::string ErrFile(const PrivateDaemon& daemon, const std::string& name) {
   return path;
 }
 
+// True once gmuxd's log contains `text`, polled for up to `within`.
+bool LogShows(const PrivateDaemon& daemon, const std::string& text,
+              std::chrono::milliseconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  for (;;) {
+    if (daemon.Log().find(text) != std::string::npos) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -362,12 +373,7 @@ TEST(TlsTest, BadPeersDisturbNobody) {
   ::close(garbage);
   EXPECT_TRUE(daemon.Alive());
   // Logged just after the close the peer saw.
-  bool logged = false;
-  for (int i = 0; i < 100 && !logged; ++i) {
-    logged = daemon.Log().find("handshake timed out") != std::string::npos;
-    if (!logged) std::this_thread::sleep_for(50ms);
-  }
-  EXPECT_TRUE(logged) << daemon.Log();
+  EXPECT_TRUE(LogShows(daemon, "handshake timed out", 5s)) << daemon.Log();
 }
 
 // A connection to 127.0.0.1:port from the loopback address `source` (another origin).
@@ -440,12 +446,7 @@ TEST(TlsTest, SighupRenewsTheCertificate) {
   std::filesystem::copy_file(Pki().other_server_key(), dir + "/key.pem",
                              std::filesystem::copy_options::overwrite_existing);
   ASSERT_EQ(::kill(daemon.pid(), SIGHUP), 0);
-  bool reloaded = false;
-  for (int i = 0; i < 200 && !reloaded; ++i) {
-    reloaded = daemon.Log().find("reloaded") != std::string::npos;
-    if (!reloaded) std::this_thread::sleep_for(50ms);
-  }
-  ASSERT_TRUE(reloaded) << daemon.Log();
+  ASSERT_TRUE(LogShows(daemon, "reloaded", 10s)) << daemon.Log();
   Child fresh = Child::Spawn(daemon, Remote(addr, Pki().other_ca()),
                              [](Channel&) { return GoodTenant(3); });
   EXPECT_TRUE(fresh.Wait(90s).ok()) << daemon.Log();
@@ -459,12 +460,8 @@ TEST(TlsTest, SighupRenewsTheCertificate) {
   std::filesystem::copy_file(Pki().server_key(), dir + "/key.pem",
                              std::filesystem::copy_options::overwrite_existing);
   ASSERT_EQ(::kill(daemon.pid(), SIGHUP), 0);
-  bool refused = false;
-  for (int i = 0; i < 200 && !refused; ++i) {
-    refused = daemon.Log().find("reload refused, the running config stays") != std::string::npos;
-    if (!refused) std::this_thread::sleep_for(50ms);
-  }
-  EXPECT_TRUE(refused) << daemon.Log();
+  EXPECT_TRUE(LogShows(daemon, "reload refused, the running config stays", 10s))
+      << daemon.Log();
   Child after = Child::Spawn(daemon, Remote(addr, Pki().other_ca()),
                              [](Channel&) { return GoodTenant(2); });
   EXPECT_TRUE(after.Wait(90s).ok()) << daemon.Log();
