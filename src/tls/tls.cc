@@ -513,9 +513,17 @@ namespace {
 // ClientConnect's thread: every OpenSSL object of the connection is made, used and freed on it
 // (ThreadSanitizer cannot see OpenSSL's internal ordering when one thread frees what another
 // made). `ready` gets the caller's descriptor or the error; then the relay runs here.
-std::mutex client_relays_mu;
-std::condition_variable client_relays_cv;
-int client_relays = 0;  // GUARDED_BY(client_relays_mu): ClientThreads running
+// The count of running ClientThreads. Never destroyed: a relay thread may still be running
+// (or just finishing) while the process's static destructors run at exit.
+struct ClientRelays {
+  std::mutex mu;
+  std::condition_variable cv;
+  int running = 0;  // GUARDED_BY(mu)
+};
+ClientRelays& Relays() {
+  static auto* relays = new ClientRelays;
+  return *relays;
+}
 
 void ClientThread(int tcp_fd, ClientOptions o, std::promise<Result<int>> ready) {
   auto io = std::make_shared<asio::io_context>(1);
@@ -613,23 +621,24 @@ void ClientThread(int tcp_fd, ClientOptions o, std::promise<Result<int>> ready) 
   }();
   const bool ok = fd.ok();
   if (ok) {
-    std::lock_guard<std::mutex> lock(client_relays_mu);
-    ++client_relays;
+    std::lock_guard<std::mutex> lock(Relays().mu);
+    ++Relays().running;
   }
   ready.set_value(std::move(fd));
   if (!ok) return;
   io->run();
   io.reset();
-  std::lock_guard<std::mutex> lock(client_relays_mu);
-  --client_relays;
-  client_relays_cv.notify_all();
+  std::lock_guard<std::mutex> lock(Relays().mu);
+  --Relays().running;
+  Relays().cv.notify_all();
 }
 
 }  // namespace
 
 bool WaitForClientRelays(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(client_relays_mu);
-  return client_relays_cv.wait_for(lock, timeout, [] { return client_relays == 0; });
+  ClientRelays& r = Relays();
+  std::unique_lock<std::mutex> lock(r.mu);
+  return r.cv.wait_for(lock, timeout, [&r] { return r.running == 0; });
 }
 
 Result<int> ClientConnect(int tcp_fd, const ClientOptions& o) {
