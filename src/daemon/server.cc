@@ -43,6 +43,32 @@ namespace wire = proto::wire;
 
 namespace {
 
+constexpr uint64_t kLogNot = ~uint64_t{0};
+
+// Lines a flood may write to the log: at most kLines per kWindowS; Take() says whether this one
+// may go (kLogNot when not), and how many were held back since the last that went.
+struct LogBudget {
+  static constexpr int kLines = 20;
+  static constexpr int kWindowS = 10;
+  std::chrono::steady_clock::time_point window;
+  int lines = 0;
+  uint64_t dropped = 0;
+
+  uint64_t Take() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - window >= std::chrono::seconds(kWindowS)) {
+      window = now;
+      lines = 0;
+    }
+    if (lines >= kLines) {
+      ++dropped;
+      return kLogNot;
+    }
+    ++lines;
+    return std::exchange(dropped, 0);
+  }
+};
+
 core::DeviceInfo DescribeDevice(const Backend& b, cl_device_id dev) {
   const cl_icd_dispatch& cl = b.cl();
   core::DeviceInfo info;
@@ -236,15 +262,23 @@ Status Server::Start() {
           char c = 1;
           (void)!::write(wake_pipe_[1], &c, 1);
         },
-        [this](tls::Gateway::Failure f) {
+        [this, budget = std::make_shared<LogBudget>()](tls::Gateway::Failure f) {
           // A rejected client certificate is a failed authentication (logged, counted against
           // the address like a wrong token); a plain client or one that distrusts this server
-          // is a misconfiguration, and a scanner's probe is noise.
-          if (!f.credential_rejected) {
-            spdlog::info("TLS handshake with {} failed: {}", f.origin, f.why);
-            return;
+          // is a misconfiguration, and a scanner's probe is noise. A flood of either is logged
+          // in part (LogBudget), and counted whole.
+          if (const uint64_t dropped = budget->Take(); dropped != kLogNot) {
+            if (dropped > 0) {
+              spdlog::info("{} failed TLS handshakes were not logged (at most {} lines per {} s)",
+                           dropped, LogBudget::kLines, LogBudget::kWindowS);
+            }
+            if (!f.credential_rejected) {
+              spdlog::info("TLS handshake with {} failed: {}", f.origin, f.why);
+            } else {
+              spdlog::warn("refused {}: client certificate: {}", f.origin, f.why);
+            }
           }
-          spdlog::warn("refused {}: client certificate: {}", f.origin, f.why);
+          if (!f.credential_rejected) return;
           std::lock_guard<std::mutex> lock(tasks_mu_);
           tasks_.push_back([this, origin = f.origin] { NoteAuthFailure(origin); });
         });
@@ -364,20 +398,20 @@ void Server::NoteAuthFailure(const std::string& origin) {
     });
     if (auth_failures_.size() >= 4096) auth_failures_.erase(auth_failures_.begin());
   }
-  AuthFailures& f = auth_failures_[origin];
+  AuthFailures& f = auth_failures_[room::OriginGroup(origin)];
   f.times.push_back(now);
   while (!f.times.empty() && f.times.front() + window <= now) f.times.pop_front();
   if (f.times.size() >= options_.auth_failures) {
     f.blocked_until = now + window;
     f.times.clear();
     spdlog::warn("{}: {} failed authentications within {} s; its connections are refused for "
-                 "{} s", origin, options_.auth_failures, options_.auth_block_s,
+                 "{} s", room::OriginGroup(origin), options_.auth_failures, options_.auth_block_s,
                  options_.auth_block_s);
   }
 }
 
 double Server::AuthBlockedFor(const std::string& origin) const {
-  auto it = auth_failures_.find(origin);
+  auto it = auth_failures_.find(room::OriginGroup(origin));
   if (it == auth_failures_.end()) return 0;
   return std::chrono::duration<double>(it->second.blocked_until -
                                        std::chrono::steady_clock::now()).count();
@@ -617,9 +651,10 @@ void Server::Admit(std::unique_ptr<Pending> p) {
     ::close(fd);
     return;
   }
-  if (!MakeRoomForUnidentified(p->origin)) {
-    ReplyError(fd, 0, "gmuxd: too many connections of " + p->origin +
-                          " are waiting to say hello (max_unidentified)");
+  p->since = std::chrono::steady_clock::now();
+  if (!MakeRoomForUnidentified(*p)) {
+    ReplyError(fd, 0, "gmuxd: too many connections are waiting to say hello (max_unidentified); "
+                      "try again");
     ::close(fd);
     return;
   }
@@ -638,32 +673,30 @@ void Server::Admit(std::unique_ptr<Pending> p) {
   pending_.push_back(std::move(p));
 }
 
-bool Server::MakeRoomForUnidentified(const std::string& origin) {
-  size_t unidentified = 0;
-  std::map<std::string, size_t> per_origin;
+bool Server::MakeRoomForUnidentified(const Pending& newcomer) {
+  // Unix-socket and TCP connections wait in rooms of their own: no number of remote addresses
+  // can keep a local user out. Within each, room::WaitingRoom's rule.
+  std::vector<room::Waiter> waiting;
+  std::vector<Pending*> who;
   for (const auto& p : pending_) {
-    if (p->waiting || p->fd < 0) continue;
-    ++unidentified;
-    ++per_origin[p->origin];
+    if (p->waiting || p->fd < 0 || p->tcp != newcomer.tcp) continue;
+    waiting.push_back({room::OriginGroup(p->origin), p->since});
+    who.push_back(p.get());
   }
-  if (unidentified < options_.max_unidentified) return true;
-  // Full. The pool is shared fairly: a newcomer from an origin holding fewer of it than the
-  // greediest one takes the place of that one's oldest connection, so no uid or address can
-  // lock the others out by opening connections and saying nothing.
-  auto greediest = std::max_element(per_origin.begin(), per_origin.end(),
-                                    [](const auto& a, const auto& b) { return a.second < b.second; });
-  const size_t mine = per_origin.count(origin) != 0 ? per_origin[origin] : 0;
-  if (greediest == per_origin.end() || mine + 1 >= greediest->second) return false;
-  for (auto& p : pending_) {
-    if (p->waiting || p->fd < 0 || p->origin != greediest->first) continue;
-    ReplyError(p->fd, 0, "gmuxd: closed: too many connections of " + p->origin +
-                             " are waiting to say hello (max_unidentified)");
-    ::close(p->fd);
-    p->fd = -1;  // dropped by the loop
-    p->deadline = std::chrono::steady_clock::now();
-    return true;
-  }
-  return false;
+  room::WaitingRoom& r = newcomer.tcp ? tcp_room_ : local_room_;
+  r.set_capacity(options_.max_unidentified);
+  const size_t out = r.Admit(waiting, room::OriginGroup(newcomer.origin), newcomer.since);
+  if (out == room::kRoom) return true;
+  if (out == room::kRefuse) return false;
+  Pending& p = *who[out];
+  spdlog::debug("{}: closed a connection that had not said hello, to make room for {} "
+                "(max_unidentified)", p.origin, newcomer.origin);
+  ReplyError(p.fd, 0, "gmuxd: closed: too many connections are waiting to say hello "
+                      "(max_unidentified) and this one said nothing");
+  ::close(p.fd);
+  p.fd = -1;  // dropped by the loop
+  p.deadline = std::chrono::steady_clock::now();
+  return true;
 }
 
 void Server::OnReadable(Pending& p) {

@@ -37,6 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/waiting_room.h"
 #include "daemon/backend.h"
 #include "daemon/config.h"
 #include "daemon/frame_hub.h"
@@ -119,9 +120,9 @@ class Server {
   // its origin is blocked or has too many connections waiting.
   void Admit(std::unique_ptr<Pending> p);
   void AdmitTls(tls::Accepted a);
-  // Room for one more connection from `origin` before hello: true when there is (perhaps by
-  // closing the oldest of the origin holding the most), false when the newcomer must go.
-  bool MakeRoomForUnidentified(const std::string& origin);
+  // Room for one more connection before hello: true when there is (perhaps by closing another
+  // that has said nothing, room::WaitingRoom's rule), false when the newcomer must go.
+  bool MakeRoomForUnidentified(const Pending& newcomer);
   void OnReadable(Pending& p);
   // The hello (or a control connection's request) is in: act on it. False: drop the connection.
   bool OnFrame(Pending& p);
@@ -211,6 +212,7 @@ class Server {
 
   // Broker-thread state.
   std::vector<std::unique_ptr<Pending>> pending_;
+  room::WaitingRoom local_room_{64}, tcp_room_{64};  // for pending_ not yet identified
   std::vector<Spawned> spawning_;               // started, or up and spare
   std::map<std::string, TenantId> tenant_ids_;  // name -> dense id, for the policy
   std::map<TenantId, int> tenant_sessions_;     // sessions per tenant

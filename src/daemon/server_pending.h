@@ -20,6 +20,7 @@ struct Server::Pending {
   std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
   std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address
   std::string tls_subject;  // the client certificate's subject (TLS with tls_client_ca)
+  std::chrono::steady_clock::time_point since;  // accepted (the waiting room's order)
   std::chrono::steady_clock::time_point deadline;
   std::vector<uint8_t> buf;
   size_t need = proto::kHeaderBytes;

@@ -30,6 +30,8 @@
 #include <thread>
 #include <utility>
 
+#include "common/waiting_room.h"
+
 namespace gmux::tls {
 
 namespace {
@@ -276,9 +278,9 @@ struct Gateway::Impl {
   ContextPtr ctx;  // GUARDED_BY(mu): for connections accepted from now on
   Handoff handoff;
   std::function<void(Failure)> on_failure;
-  size_t handshakes = 0;  // io thread only, as `pending`
   struct Pending;
-  std::map<std::string, std::vector<std::weak_ptr<Pending>>> pending;  // by origin, oldest first
+  std::vector<std::weak_ptr<Pending>> pending;  // handshakes in progress; io thread only
+  room::WaitingRoom waiting_room{64};            // io thread only
 
   ContextPtr Context() {
     std::lock_guard<std::mutex> lock(mu);
@@ -309,6 +311,7 @@ struct Gateway::Impl {
   struct Pending {
     std::unique_ptr<TlsStream> stream;
     std::string origin;
+    room::Clock::time_point since;
     const char* why_closed = nullptr;
   };
 
@@ -320,38 +323,31 @@ struct Gateway::Impl {
     p.stream->lowest_layer().close(ec);
   }
 
-  // Room for one more handshake from `origin`: true when there is (perhaps by closing the oldest
-  // handshake of the origin holding the most, so that no address can keep everyone else out by
-  // opening connections and saying nothing), false when the newcomer must go. The broker shares
-  // its own room for connections that have not said hello the same way.
-  bool MakeRoom(const std::string& origin) {
-    if (handshakes < options.max_handshakes) return true;
-    auto greediest = pending.end();
-    for (auto it = pending.begin(); it != pending.end(); ++it) {
-      if (greediest == pending.end() || it->second.size() > greediest->second.size()) {
-        greediest = it;
-      }
+  // Room for one more handshake from `origin`: true when there is (perhaps by closing another,
+  // room::WaitingRoom's rule, which the broker applies to connections that have not said
+  // hello), false when the newcomer must go.
+  bool MakeRoom(const std::string& origin, room::Clock::time_point now) {
+    std::vector<room::Waiter> waiting;
+    std::vector<std::shared_ptr<Pending>> who;
+    for (const auto& w : pending) {
+      auto p = w.lock();
+      if (p == nullptr || p->why_closed != nullptr) continue;
+      waiting.push_back({room::OriginGroup(p->origin), p->since});
+      who.push_back(std::move(p));
     }
-    const auto mine = pending.find(origin);
-    const size_t have = mine == pending.end() ? 0 : mine->second.size();
-    if (greediest == pending.end() || have + 1 >= greediest->second.size()) return false;
-    for (auto& w : greediest->second) {
-      if (auto p = w.lock(); p != nullptr && p->why_closed == nullptr) {
-        Abort(*p, "closed to make room for another address's handshake (max_unidentified)");
-        return true;
-      }
-    }
-    return false;
+    waiting_room.set_capacity(options.max_handshakes);
+    const size_t out = waiting_room.Admit(waiting, room::OriginGroup(origin), now);
+    if (out == room::kRoom) return true;
+    if (out == room::kRefuse) return false;
+    Abort(*who[out], "closed to make room for another handshake (max_unidentified)");
+    return true;
   }
 
   void Forget(const std::shared_ptr<Pending>& p) {
-    auto it = pending.find(p->origin);
-    if (it == pending.end()) return;
-    std::erase_if(it->second, [&](const std::weak_ptr<Pending>& w) {
+    std::erase_if(pending, [&](const std::weak_ptr<Pending>& w) {
       auto q = w.lock();
       return q == nullptr || q == p;
     });
-    if (it->second.empty()) pending.erase(it);
   }
 
   // After a failed handshake the socket may still hold the client's first records, unread:
@@ -392,7 +388,8 @@ struct Gateway::Impl {
     const auto peer = sock.remote_endpoint(ec);
     const std::string origin =
         "address " + (ec ? std::string("?") : peer.address().to_string());
-    if (!MakeRoom(origin)) {
+    const auto now = room::Clock::now();
+    if (!MakeRoom(origin, now)) {
       sock.close(ec);
       Fail(origin, "too many TLS handshakes in progress (max_unidentified)");
       return;
@@ -404,9 +401,9 @@ struct Gateway::Impl {
     auto hs = std::make_shared<Pending>();
     hs->stream = std::make_unique<TlsStream>(std::move(sock), *current);
     hs->origin = origin;
-    pending[origin].push_back(hs);
+    hs->since = now;
+    pending.push_back(hs);
     auto timer = std::make_shared<asio::steady_timer>(io);
-    ++handshakes;
     timer->expires_after(std::chrono::milliseconds(
         static_cast<int64_t>(options.handshake_timeout_s * 1e3)));
     timer->async_wait([hs](std::error_code wec) {
@@ -415,7 +412,6 @@ struct Gateway::Impl {
     hs->stream->async_handshake(
         asio::ssl::stream_base::server,
         [this, hs, timer, current, origin](std::error_code hec) {
-          --handshakes;
           timer->cancel();
           Forget(hs);
           std::unique_ptr<TlsStream> s = std::move(hs->stream);

@@ -419,6 +419,113 @@ TEST(TlsTest, OneAddressCannotHoldEveryHandshake) {
   for (int fd : hogs) ::close(fd);
 }
 
+// The attack the fair share alone did not stop: one silent connection from each of many
+// addresses, reopened as soon as gmuxd closes it. A process (the tests fork tenants, and
+// ThreadSanitizer forbids threads before a fork); it counts the connections it opened.
+class Holder {
+ public:
+  Holder(int port, int addresses, const std::string& count_file) : file_(count_file) {
+    std::fflush(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      Run(port, addresses);
+      ::_exit(0);
+    }
+  }
+  ~Holder() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Connections opened so far (written by the holder after each).
+  long Opened() const {
+    std::ifstream in(file_);
+    long n = 0;
+    in >> n;
+    return n;
+  }
+
+ private:
+  void Run(int port, int addresses) {
+    std::vector<std::string> from;
+    for (int i = 0; i < addresses; ++i) from.push_back("127.0.0." + std::to_string(2 + i));
+    std::vector<pollfd> held(from.size(), pollfd{-1, POLLIN, 0});
+    long opened = 0;
+    for (;;) {
+      for (size_t i = 0; i < held.size(); ++i) {
+        if (held[i].fd >= 0) continue;
+        held[i].fd = ConnectFrom(from[i].c_str(), port);
+        ++opened;
+        std::ofstream(file_) << opened;
+      }
+      if (::poll(held.data(), held.size(), 1000) <= 0) continue;
+      for (pollfd& h : held) {
+        char b[256];
+        if (h.revents != 0 && ::read(h.fd, b, sizeof(b)) <= 0) {  // closed by gmuxd: again
+          ::close(h.fd);
+          h.fd = -1;
+        }
+      }
+    }
+  }
+  std::string file_;
+  pid_t pid_ = -1;
+};
+
+// Many addresses holding every TLS handshake the gateway allows, reopening each one it closes,
+// cannot keep a client from another address out: a newcomer displaces the handshake that has said
+// nothing longest once it has had its grace (min(1 s, handshake_timeout_s / 2)).
+TEST(TlsTest, ManyAddressesCannotHoldEveryHandshake) {
+  PrivateDaemon daemon;
+  std::string config = TlsConfig(false, Pki().server_cert(), Pki().server_key());
+  config.insert(config.find("\n") + 1, "max_unidentified = 4\nhandshake_timeout_s = 60\n");
+  daemon.Start(config, /*tcp=*/true);
+  Holder holder(daemon.tcp_port(), 4, daemon.dir() + "/held");
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (holder.Opened() < 4 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GE(holder.Opened(), 4);
+  std::this_thread::sleep_for(200ms);
+  for (int round = 0; round < 2; ++round) {
+    Child c = Child::Spawn(daemon, Remote(Address(daemon.tcp_port()), Pki().ca()),
+                           [](Channel&) { return GoodTenant(3); });
+    EXPECT_TRUE(c.Wait(60s).ok()) << daemon.Log();
+  }
+  EXPECT_TRUE(LogShows(daemon, "failed: closed to make room for another handshake", 5s))
+      << daemon.Log();
+  EXPECT_GT(holder.Opened(), 4);  // the holder was displaced, and came back
+  EXPECT_TRUE(daemon.Alive());
+}
+
+// The broker's room for connections that have not said hello: TCP connections wait in a room of
+// their own, so silent TCP connections from many addresses keep no local (Unix-socket) client
+// out, not even for a moment; and a TCP client gets in past them as above.
+TEST(TlsTest, SilentTcpConnectionsKeepNoLocalClientOut) {
+  PrivateDaemon daemon;
+  daemon.Start("[daemon]\nplain_tcp = true\nmax_unidentified = 4\nhandshake_timeout_s = 60\n"
+               "[[tenant]]\nname = \"remote\"\ntokens = [\"" + std::string(kToken) + "\"]\n",
+               /*tcp=*/true);
+  Holder holder(daemon.tcp_port(), 4, daemon.dir() + "/held");
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (holder.Opened() < 4 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GE(holder.Opened(), 4);
+  std::this_thread::sleep_for(100ms);
+  // Local control connections, at once (well within the grace): each gets its answer.
+  for (int i = 0; i < 3; ++i) EXPECT_NE(StatusJson(daemon, -1), "") << daemon.Log();
+  Child local = Child::Spawn(daemon, ChildOptions{}, [](Channel&) { return GoodTenant(3); });
+  EXPECT_TRUE(local.Wait(60s).ok()) << daemon.Log();
+  Child remote = Child::Spawn(daemon, Remote("tcp://" + Address(daemon.tcp_port()), ""),
+                              [](Channel&) { return GoodTenant(3); });
+  EXPECT_TRUE(remote.Wait(60s).ok()) << daemon.Log();
+  EXPECT_GT(holder.Opened(), 4);
+  EXPECT_TRUE(daemon.Alive());
+}
+
 // Certificates are renewed with SIGHUP: new connections get the new one, running sessions keep
 // theirs; a reload with an unreadable key is refused whole and the old certificate stays.
 TEST(TlsTest, SighupRenewsTheCertificate) {
