@@ -19,8 +19,8 @@ size_t WaitingRoom::Admit(const std::vector<Waiter>& waiting, const std::string&
   for (const Waiter& w : waiting) ++held[w.group];
   const auto mine = held.find(group);
   const size_t have = mine == held.end() ? 0 : mine->second;
-  auto greediest = std::max_element(held.begin(), held.end(),
-                                    [](const auto& a, const auto& b) { return a.second < b.second; });
+  auto greediest = std::max_element(
+      held.begin(), held.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   const bool rule2 = greediest->second >= have + 2;
   size_t out = kRefuse;
   for (size_t i = 0; i < waiting.size(); ++i) {
