@@ -21,6 +21,8 @@ packages=(
   capnproto libcapnp-dev libasio-dev libsqlite3-dev libcpp-httplib-dev
   # TLS for the TCP transport (OpenSSL through Asio); the openssl tool makes the tests' certificates
   libssl-dev openssl
+  # the cluster test bed (scripts/slurm-testbed.sh): a one-node Slurm with munge
+  munge slurmctld slurmd slurm-client
   # frame agent (vGASA): GL/EGL headers; its tests and `gmux demo frames` run GL programs on
   # Mesa's llvmpipe under Xvfb
   libgl-dev libegl-dev libgles-dev libx11-dev xvfb xauth mesa-utils libgl1-mesa-dri

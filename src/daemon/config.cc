@@ -74,6 +74,7 @@ Status DaemonOptions::Validate() const {
   GMUX_RETURN_IF_ERROR(backend.Validate());
   std::set<std::string> names;
   std::set<uint32_t> uids;
+  std::set<uint64_t> jobs;
   std::set<std::string> tokens;
   for (const auto& t : tenants) {
     for (const auto& tok : t.tokens) {
@@ -109,12 +110,25 @@ Status DaemonOptions::Validate() const {
         return InvalidArgument("uid " + std::to_string(u) + " is mapped to two tenants");
       }
     }
+    if (t.slurm_job != 0 && !jobs.insert(t.slurm_job).second) {
+      return InvalidArgument("Slurm job " + std::to_string(t.slurm_job) +
+                             " is mapped to two tenants");
+    }
   }
   return Status::Ok();
 }
 
 bool ValidLogLevel(std::string_view level) {
   return level == "debug" || level == "info" || level == "warn" || level == "error";
+}
+
+Result<TenantConfig> DaemonOptions::TenantForPeer(uint32_t uid, uint64_t job) const {
+  if (job != 0) {
+    for (const auto& t : tenants) {
+      if (t.slurm_job == job) return t;
+    }
+  }
+  return TenantForUid(uid);
 }
 
 Result<TenantConfig> DaemonOptions::TenantForUid(uint32_t uid) const {
@@ -260,7 +274,7 @@ Status ReadLimits(const TomlDoc& doc, const toml::table& t, const TenantLimits& 
 Result<TenantConfig> ReadTenant(const TomlDoc& doc, const toml::table* tt,
                                 const TenantConfig& base) {
   std::vector<std::string_view> tenant_keys = {"name", "weight", "uids", "tokens",
-                                               "fps_target"};
+                                               "fps_target", "slurm_job"};
   tenant_keys.insert(tenant_keys.end(), std::begin(kTenantLimitKeys), std::end(kTenantLimitKeys));
   GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*tt, tenant_keys));
   TenantConfig tc = base;
@@ -283,6 +297,9 @@ Result<TenantConfig> ReadTenant(const TomlDoc& doc, const toml::table* tt,
     tc.uids.push_back(static_cast<uint32_t>(u));
   }
   GMUX_ASSIGN_OR_RETURN(tc.tokens, doc.Strings(*tt, "tokens", base.tokens));
+  GMUX_ASSIGN_OR_RETURN(int64_t job,
+                        doc.Integer(*tt, "slurm_job", static_cast<int64_t>(base.slurm_job), 0));
+  tc.slurm_job = static_cast<uint64_t>(job);
   return tc;
 }
 

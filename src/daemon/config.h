@@ -63,6 +63,9 @@ struct TenantConfig {
   std::vector<uint32_t> uids;  // local peers mapped to this tenant
   std::vector<std::string> tokens;  // TCP clients presenting one of these are this tenant
   double fps_target = 0;  // frame agents' SLA target (vGASA); 0: [frames] criterion_fps
+  // A Slurm job whose processes are this tenant, whatever their uid (0: none). Known from the
+  // peer's cgroup (slurm.h); registered by the prolog (docs/cluster.md).
+  uint64_t slurm_job = 0;
 };
 
 // A TCP listen address "HOST:PORT" ("[V6]:PORT" for IPv6); port 0 picks a free port.
@@ -207,6 +210,9 @@ struct DaemonOptions {
   // The configured tenant for a local uid, or the default rule's answer (kPermissionDenied when
   // unknown peers are rejected).
   Result<TenantConfig> TenantForUid(uint32_t uid) const;
+  // A local peer in Slurm job `job` (0: none): the tenant whose slurm_job it is, else as
+  // TenantForUid.
+  Result<TenantConfig> TenantForPeer(uint32_t uid, uint64_t job) const;
   // The tenant a TCP client's token names, or `default_tenant` when unknown tokens are shared
   // (kPermissionDenied when they are rejected, and for an empty token then).
   Result<TenantConfig> TenantForToken(const std::string& token) const;

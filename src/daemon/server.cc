@@ -36,6 +36,7 @@
 #include "daemon/control.h"
 #include "daemon/server_pending.h"
 #include "daemon/session.h"
+#include "daemon/slurm.h"
 
 namespace gmux::daemon {
 
@@ -620,6 +621,9 @@ void Server::Accept(int listen_fd, bool tcp) {
       p->uid = cred.uid;
       p->gid = cred.gid;
       p->origin = "uid " + std::to_string(cred.uid);
+      // A process of a Slurm job is that job's tenant (when one is registered): read now, from
+      // the kernel, while the peer is certainly alive (it is connected).
+      if (auto step = SlurmStepOf(cred.pid, cred.uid)) p->slurm_job = step->job;
     }
     Admit(std::move(p));
   }
@@ -849,7 +853,7 @@ bool Server::OnFrame(Pending& p) {
       ++identity_conns_[p.identity];
     }
   } else {
-    tenant = options_.TenantForUid(p.uid);
+    tenant = options_.TenantForPeer(p.uid, p.slurm_job);
   }
   if (!tenant.ok()) {
     // An authentication failure: worth an operator's eye (a wrong token, an unknown uid).
@@ -1308,8 +1312,10 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
   }
   scheduler_->AddWorker(id, p->tenant_id, w.ctl, w.pid);
   // The origin, never the identity: a TCP identity is the tenant's token.
-  spdlog::info("session {} of tenant '{}' started ({}{}{}, worker pid {})", id, p->tenant.name,
-               p->origin, p->tls_subject.empty() ? "" : ", certificate ", p->tls_subject,
+  spdlog::info("session {} of tenant '{}' started ({}{}{}{}, worker pid {})", id,
+               p->tenant.name, p->origin, p->tls_subject.empty() ? "" : ", certificate ",
+               p->tls_subject,
+               p->slurm_job == 0 ? std::string() : ", Slurm job " + std::to_string(p->slurm_job),
                static_cast<int>(w.pid));
   ShareLimits(p->tenant_id, id);
 }

@@ -150,6 +150,14 @@ class Server {
   static constexpr int kMaxUsageQueries = 4;
   std::shared_ptr<std::atomic<int>> usage_queries_ = std::make_shared<std::atomic<int>>(0);
   Result<std::string> AdminTenant(const Pending& p, const std::string& args);
+  // A Slurm job's usage so far into its AdminComment (slurm.h), asked by the job's TaskEpilog.
+  void ServeSlurmComment(Pending& p, uint64_t seq, const std::string& args);
+  struct JobsInFlight {
+    std::mutex mu;
+    std::set<uint64_t> jobs;  // GUARDED_BY(mu)
+  };
+  // Jobs whose comment is being written (shared with the writing threads).
+  std::shared_ptr<JobsInFlight> slurm_comments_ = std::make_shared<JobsInFlight>();
   // Makes `next` the running options (validated first; nothing changes on an error): the
   // weights, limits, quotas and FPS targets of connected tenants change in place.
   Status ApplyOptions(DaemonOptions next);

@@ -10,6 +10,7 @@
 
 #include "daemon/server.h"
 #include "daemon/server_pending.h"
+#include "daemon/slurm.h"
 
 namespace gmux::daemon {
 namespace {
@@ -42,7 +43,7 @@ Result<std::string> StringArg(const nlohmann::json& args, const char* key) {
 void Server::ServeAdmin(Pending& p, uint64_t seq, const std::string& command,
                         const std::string& args) {
   Result<std::string> answer = InvalidArgument("unknown request '" + command +
-                                               "' (expected usage or tenant)");
+                                               "' (expected usage, tenant or slurm-comment)");
   if (command == "usage") {
     // The query and the reply run on a thread of their own: a big ledger or a slow reader must
     // not hold the broker (every handshake waits for it).
@@ -61,6 +62,10 @@ void Server::ServeAdmin(Pending& p, uint64_t seq, const std::string& command,
                 options_.frame, usage_queries_)
         .detach();
     p.fd = -1;  // the query thread's now
+    return;
+  }
+  if (command == "slurm-comment") {
+    ServeSlurmComment(p, seq, args);
     return;
   }
   if (command == "tenant") answer = AdminTenant(p, args);
@@ -146,6 +151,83 @@ void Server::RunUsageQuery(int fd, uint64_t seq, LedgerQuery q, std::string path
   running->fetch_sub(1);
 }
 
+void Server::ServeSlurmComment(Pending& p, uint64_t seq, const std::string& text) {
+  // Who may ask: a process of the job itself (its cgroup says so: the job's TaskEpilog runs
+  // as its user, inside it), or an operator naming the job.
+  nlohmann::json args = nlohmann::json::parse(text, nullptr, false);
+  uint64_t job = p.slurm_job;
+  if (p.admin && args.is_object() && args.contains("job") && args["job"].is_number_unsigned()) {
+    job = args["job"].get<uint64_t>();
+  }
+  Status why = Status::Ok();
+  const TenantConfig* tenant = nullptr;
+  if (job == 0) {
+    why = PermissionDenied("slurm-comment: only a process of a Slurm job (for its own job) or "
+                           "an operator may ask");
+  } else if (!ledger_) {
+    why = FailedPrecondition("slurm-comment: this gmuxd keeps no usage ledger");
+  } else {
+    for (const TenantConfig& t : options_.tenants) {
+      if (t.slurm_job == job) tenant = &t;
+    }
+    if (tenant == nullptr) {
+      why = NotFound("slurm-comment: job " + std::to_string(job) + " is no tenant (the gmux "
+                     "prolog registers it)");
+    } else if (std::lock_guard<std::mutex> lock(slurm_comments_->mu);
+               !slurm_comments_->jobs.insert(job).second) {
+      why = ResourceExhausted("slurm-comment: job " + std::to_string(job) +
+                              "'s comment is being written; try again");
+    }
+  }
+  if (!why.ok()) {
+    ReplyError(p.fd, seq, "gmuxd: " + why.message());
+    return;
+  }
+  if (Status booked = ledger_->BookNow(); !booked.ok()) {
+    spdlog::warn("ledger: booking for job {}'s comment: {}", job, booked.message());
+  }
+  LedgerQuery q;
+  q.tenant = tenant->name;
+  // Off the broker thread: the query, scontrol (a round trip to slurmctld), the reply.
+  std::thread([fd = p.fd, seq, job, q, path = ledger_->path(), limits = options_.frame,
+               in_flight = slurm_comments_] {
+    std::string answer, error;
+    auto entries = Ledger::Query(path, q);
+    if (!entries.ok()) {
+      error = entries.status().message();
+    } else {
+      const std::string comment = SlurmUsageComment(*entries);
+      Status set = SetSlurmAdminComment(job, comment);
+      if (set.ok()) {
+        spdlog::info("Slurm job {}: AdminComment {}", job, comment);
+        answer = nlohmann::json{{"job", job}, {"tenant", *q.tenant}, {"admin_comment", comment}}
+                     .dump(-1, ' ', false, kReplaceBadUtf8);
+      } else {
+        spdlog::warn("Slurm job {}: AdminComment not set: {}", job, set.message());
+        error = set.message();
+      }
+    }
+    capnp::MallocMessageBuilder b;
+    auto rep = b.initRoot<wire::Reply>();
+    rep.setSeq(seq);
+    rep.setStatus(error.empty() ? CL_SUCCESS : CL_INVALID_OPERATION);
+    if (error.empty()) {
+      rep.setAdmin(answer);
+    } else {
+      rep.setMessage("gmuxd: slurm-comment: " + error);
+    }
+    auto frame = proto::EncodeFrame(proto::FrameKind::kReply, b, limits);
+    if (frame.ok()) {
+      SendBefore(fd, *frame, std::chrono::steady_clock::now() + std::chrono::seconds(5))
+          .IgnoreError();
+    }
+    ::close(fd);
+    std::lock_guard<std::mutex> lock(in_flight->mu);
+    in_flight->jobs.erase(job);
+  }).detach();
+  p.fd = -1;  // the thread's now
+}
+
 nlohmann::json Server::TenantJson(const TenantConfig& t) const {
   const TenantLimits& l = t.limits;
   auto id = tenant_ids_.find(t.name);
@@ -159,6 +241,7 @@ nlohmann::json Server::TenantJson(const TenantConfig& t) const {
           {"uids", t.uids},
           {"tokens", t.tokens.size()},  // never the tokens themselves
           {"fps_target", t.fps_target},
+          {"slurm_job", t.slurm_job},
           {"origin", runtime_tenants_.count(t.name) != 0 ? "run-time" : "config"},
           {"sessions", sessions},
           {"limits",
@@ -236,6 +319,13 @@ Result<std::string> Server::AdminTenant(const Pending& p, const std::string& tex
   nlohmann::json out = {{"ok", true}, {"action", action}, {"tenant", TenantJson(changed)}};
   if (action == "remove") {
     out["note"] = "sessions already connected keep running with the tenant's last settings";
+    // Its books so far are closed now (a Slurm epilog reads them at once: docs/cluster.md).
+    if (ledger_) {
+      if (Status booked = ledger_->BookNow(); !booked.ok()) {
+        spdlog::warn("ledger: booking at the removal of tenant '{}': {}", name,
+                     booked.message());
+      }
+    }
   }
   return out.dump(-1, ' ', false, kReplaceBadUtf8);
 }

@@ -17,6 +17,7 @@ struct Server::Pending {
   bool tcp = false;
   uid_t uid = 0;
   gid_t gid = 0;
+  uint64_t slurm_job = 0;  // the Slurm job of a Unix peer (slurm.h), 0 when none
   std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
   std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address
   std::string tls_subject;  // the client certificate's subject (TLS with tls_client_ca)

@@ -195,6 +195,7 @@ int RunTenant(const std::string& action, const TenantOptions& o) {
     t.insert_or_assign("name", o.name);
     if (o.weight) t.insert_or_assign("weight", *o.weight);
     if (o.fps_target) t.insert_or_assign("fps_target", *o.fps_target);
+    if (o.slurm_job) t.insert_or_assign("slurm_job", *o.slurm_job);
     if (!o.uids.empty()) {
       toml::array a;
       for (int64_t u : o.uids) a.push_back(u);

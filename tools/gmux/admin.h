@@ -27,6 +27,7 @@ struct TenantOptions {
   std::string name;
   std::optional<double> weight, fps_target;
   std::vector<int64_t> uids;
+  std::optional<int64_t> slurm_job;
   std::vector<std::string> tokens;
   std::string memory_quota;         // bytes, or "4GiB" etc. as in the config
   std::vector<std::string> limits;  // KEY=VALUE, any [limits] key

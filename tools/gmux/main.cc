@@ -13,6 +13,7 @@
 #include "sim/output.h"
 #include "demo_frames.h"
 #include "lease.h"
+#include "slurm.h"
 #include "status.h"
 #include "top.h"
 #include "sim/scenario.h"
@@ -180,8 +181,13 @@ int main(int argc, char** argv) {
       ->type_name("TIME");
   usage->add_option("--until", usage_opts.until, "To (same forms); default: now")
       ->type_name("TIME");
-  usage->add_option("--tenant", usage_opts.tenant,
-                    "Only this tenant (a tenant always sees only its own)");
+  auto* usage_tenant = usage->add_option(
+      "--tenant", usage_opts.tenant, "Only this tenant (a tenant always sees only its own)");
+  uint64_t usage_job = 0;
+  usage->add_option("--job", usage_job,
+                    "Only this Slurm job's tenant (job-JOB, as the gmux prolog names it; "
+                    "docs/cluster.md)")
+      ->type_name("JOB")->check(CLI::PositiveNumber)->excludes(usage_tenant);
   usage->add_flag("--rows", usage_opts.rows,
                   "Every booked interval instead of sums per tenant and device");
   auto* usage_json = usage->add_flag("--json", usage_opts.json, "One JSON object");
@@ -208,6 +214,9 @@ int main(int argc, char** argv) {
                   "replaces the list)")->check(CLI::NonNegativeNumber);
     c->add_option("--token", tenant_opts.tokens, "A TCP token that is this tenant (repeatable; "
                   "replaces the list)");
+    c->add_option("--slurm-job", tenant_opts.slurm_job,
+                  "A Slurm job whose processes are this tenant (0: none; docs/cluster.md)")
+        ->check(CLI::NonNegativeNumber)->type_name("JOB");
     c->add_option("--fps-target", tenant_opts.fps_target,
                   "Frame agents' FPS target (0: [frames] criterion_fps)");
     c->add_option("--memory-quota", tenant_opts.memory_quota,
@@ -248,6 +257,43 @@ int main(int argc, char** argv) {
       "A [[tenant]]'s tokens and [daemon] admin_tokens may be given as sha256:<hex> (what these\n"
       "print); clients still present the token itself (GMUX_TOKEN). gmuxd warns at start about\n"
       "tokens stored in plain text.");
+
+  CLI::App* slurm = app.add_subcommand(
+      "slurm", "What Slurm runs around each job so that the job is a tenant (docs/cluster.md)");
+  slurm->require_subcommand(1);
+  gmux::cli::SlurmOptions slurm_opts;
+  for (const char* action : {"prolog", "epilog", "taskprolog", "taskepilog"}) {
+    const std::string a = action;
+    CLI::App* c = slurm->add_subcommand(
+        action, a == "prolog"       ? "Register the job (SLURM_JOB_ID) as tenant job-JOB: weight = "
+                                      "its shards"
+                : a == "epilog"     ? "Remove the job's tenant (its usage stays in the ledger)"
+                : a == "taskprolog" ? "Print the environment that sends the job's OpenCL "
+                                      "programs to gmux"
+                                    : "Have gmuxd write the job's usage into its AdminComment");
+    c->add_option("--socket", slurm_opts.socket, "gmuxd's Unix socket (default: $GMUX_SOCKET)")
+        ->type_name("PATH");
+    c->add_option("--job", slurm_opts.job, "The job (default: $SLURM_JOB_ID)")->type_name("JOB");
+    c->add_option("--node", slurm_opts.node,
+                  "This node's Slurm name (default: $SLURMD_NODENAME, else the host name)");
+    if (a == "prolog") {
+      c->add_option("--fps-target", slurm_opts.fps_target, "The tenant's FPS target");
+    }
+    if (a == "epilog" || a == "taskepilog") {
+      c->add_option("--wait", slurm_opts.wait_s,
+                    "Seconds to wait for the job's sessions to end")->capture_default_str();
+    }
+    if (a == "taskprolog") {
+      c->add_option("--icd-vendors", slurm_opts.icd_vendors,
+                    "The directory holding gmux.icd (OCL_ICD_VENDORS for the job)")
+          ->type_name("DIR");
+    }
+    c->callback([&slurm_opts, action] { slurm_opts.action = action; });
+  }
+  slurm->footer(
+      "packaging/slurm/ has the Prolog, Epilog, TaskProlog and TaskEpilog scripts that call\n"
+      "these, and the slurm.conf and gres.conf lines. gmuxd knows a job's processes by their\n"
+      "cgroup.");
 
   CLI::App* demo = app.add_subcommand("demo", "Experiments on the real runtime");
   demo->require_subcommand(1);
@@ -416,7 +462,10 @@ int main(int argc, char** argv) {
   if (sim_run->parsed()) return RunSim(args);
   if (status->parsed()) return gmux::cli::RunStatus(status_socket, status_json);
   if (top->parsed()) return gmux::cli::RunTop(top_opts);
-  if (usage->parsed()) return gmux::cli::RunUsage(usage_opts);
+  if (usage->parsed()) {
+    if (usage_job != 0) usage_opts.tenant = "job-" + std::to_string(usage_job);
+    return gmux::cli::RunUsage(usage_opts);
+  }
   if (tenant->parsed()) {
     const char* action = tenant_list->parsed()  ? "list"
                          : tenant_add->parsed() ? "add"
@@ -424,6 +473,7 @@ int main(int argc, char** argv) {
                                                 : "remove";
     return gmux::cli::RunTenant(action, tenant_opts);
   }
+  if (slurm->parsed()) return gmux::cli::RunSlurm(slurm_opts);
   if (token_hash->parsed()) return gmux::cli::RunTokenHash(token_json);
   if (token_new->parsed()) return gmux::cli::RunTokenNew(token_json);
   if (lease_acquire->parsed()) return gmux::cli::RunLeaseAcquire(lease_opts);

@@ -1,0 +1,48 @@
+// `gmux slurm prolog|epilog|taskprolog`: what Slurm runs on a node around each job so that the
+// job is a gmux tenant (docs/cluster.md). The scripts in packaging/slurm/ call these.
+//
+//   prolog (root, before the job): reads the job's GRES on this node (`scontrol show job -d`);
+//     a job with `shard`s becomes tenant job-J with weight = its shards and a memory quota of
+//     shards / the node's shards of the device's memory; a job with whole `gpu`s becomes
+//     tenant job-J with the weight of all its GPUs' shards and, where gmuxd has a device pool,
+//     an exclusive lease for the job's lifetime. A job with neither is left alone.
+//   epilog (root, after the job): waits (briefly) for the job's sessions to end, removes the
+//     tenant (gmuxd books its usage then), releases its lease, and writes the job's usage from
+//     the ledger into the job's AdminComment (`scontrol update`).
+//   taskprolog (the user, before each task): prints the environment that sends an unmodified
+//     OpenCL program to gmux (OCL_ICD_VENDORS, GMUX_SOCKET).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace gmux::cli {
+
+struct SlurmGres {
+  uint64_t gpus = 0;
+  uint64_t shards = 0;
+};
+
+// GRES counts in a Slurm GRES list ("gpu:1,shard:8", "gpu:a100:2(S:0-1),shard:16",
+// "shard:2(IDX:0)"); other GRES are ignored.
+SlurmGres ParseGresList(std::string_view list);
+// The job's GRES on `node` from `scontrol show job -d` (the "Nodes=... GRES=..." line naming
+// the node, or the only one; else JOB_GRES).
+SlurmGres ParseJobGres(std::string_view scontrol_job, const std::string& node);
+// The node's configured GRES from `scontrol show node` ("Gres=...").
+SlurmGres ParseNodeGres(std::string_view scontrol_node);
+
+struct SlurmOptions {
+  std::string action;  // prolog, epilog, taskprolog
+  std::string socket;  // gmuxd's socket (default: $GMUX_SOCKET, else the default path)
+  uint64_t job = 0;    // default: $SLURM_JOB_ID
+  std::string node;    // default: $SLURMD_NODENAME, else the host name
+  std::string icd_vendors;  // taskprolog: the directory with gmux.icd
+  double fps_target = 0;    // prolog: the tenant's FPS target (0: gmuxd's default)
+  double wait_s = 10;       // epilog: how long to wait for the job's sessions to end
+};
+
+int RunSlurm(const SlurmOptions& o);
+
+}  // namespace gmux::cli
