@@ -19,20 +19,6 @@
 
 namespace gmux::cli {
 
-struct SlurmGres {
-  uint64_t gpus = 0;
-  uint64_t shards = 0;
-};
-
-// GRES counts in a Slurm GRES list ("gpu:1,shard:8", "gpu:a100:2(S:0-1),shard:16",
-// "shard:2(IDX:0)"); other GRES are ignored.
-SlurmGres ParseGresList(std::string_view list);
-// The job's GRES on `node` from `scontrol show job -d` (the "Nodes=... GRES=..." line naming
-// the node, or the only one; else JOB_GRES).
-SlurmGres ParseJobGres(std::string_view scontrol_job, const std::string& node);
-// The node's configured GRES from `scontrol show node` ("Gres=...").
-SlurmGres ParseNodeGres(std::string_view scontrol_node);
-
 struct SlurmOptions {
   std::string action;  // prolog, epilog, taskprolog
   std::string socket;  // gmuxd's socket (default: $GMUX_SOCKET, else the default path)
