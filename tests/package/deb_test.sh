@@ -87,6 +87,10 @@ expect -rw-r--r-- /etc/OpenCL/vendors/gmux.icd
 expect -rw-r----- /etc/gmux/gmuxd.toml
 expect -rw-r--r-- /lib/systemd/system/gmuxd.service
 expect -rw-r--r-- /usr/lib/sysusers.d/gmux.conf
+expect -rwxr-xr-x /usr/lib/gmux/slurm/gmux-prolog
+expect -rwxr-xr-x /usr/lib/gmux/slurm/gmux-taskepilog
+expect -rw-r--r-- /usr/lib/gmux/slurm/gmux-slurm-common.sh
+expect -rw-r--r-- /usr/share/doc/gmux/examples/slurm/slurm.conf.fragment
 expect -rw-r--r-- /usr/share/doc/gmux/examples/gmuxd.example.toml
 expect -rw-r--r-- /usr/share/doc/gmux/operations.md
 no_usr_local() { ! grep -q " ./usr/local" <<<"$contents"; }
