@@ -39,6 +39,33 @@ uids = [1000, 1001]
   EXPECT_EQ(o->TenantForUid(5).status().code(), StatusCode::kPermissionDenied);
 }
 
+TEST(DaemonConfigTest, ASlurmJobsProcessesAreItsTenantWhateverTheirUid) {
+  auto o = ParseDaemonConfig(R"(
+[[tenant]]
+name = "alice"
+uids = [1000]
+
+[[tenant]]
+name = "job-17"
+weight = 6
+slurm_job = 17
+)", "gmux.toml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->TenantForPeer(1000, 17)->name, "job-17");
+  EXPECT_EQ(o->TenantForPeer(1000, 18)->name, "alice");  // a job with no tenant: the uid's
+  EXPECT_EQ(o->TenantForPeer(1000, 0)->name, "alice");
+  EXPECT_EQ(o->TenantForPeer(5, 17)->weight, 6.0);
+  auto twice = ParseDaemonConfig(
+      "[[tenant]]\nname = \"a\"\nslurm_job = 3\n[[tenant]]\nname = \"b\"\nslurm_job = 3\n",
+      "gmux.toml");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("Slurm job 3 is mapped to two tenants"),
+            std::string::npos) << twice.status().ToString();
+  auto negative = ParseDaemonConfig("[[tenant]]\nname = \"a\"\nslurm_job = -1\n", "g.toml");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("slurm_job"), std::string::npos);
+}
+
 TEST(DaemonConfigTest, WorkerResourceLimitsDefaultAndPerTenant) {
   auto o = ParseDaemonConfig(R"(
 [limits]

@@ -405,6 +405,40 @@ TEST_F(OpsTest, TenantsChangeAtRunTimeWithoutDroppingSessions) {
 // TCP tenants whose tokens the config stores hashed; failed authentications from one address
 // are counted, and past the limit its connections are refused for a while (right token or
 // not), while other origins are served.
+// A Slurm job's tenant (docs/cluster.md): registered with its job, refused a comment to anyone
+// but the job's own processes and operators, removed by the epilog. (The whole flow, with a
+// real Slurm, is tests/cluster/slurm_test.sh.)
+TEST_F(OpsTest, SlurmJobTenantsAndWhoMayWriteAJobsComment) {
+  PrivateDaemon daemon;
+  daemon.Start(LedgerConfig(1));
+  ASSERT_TRUE(daemon.started()) << daemon.Log();
+  const std::string sock = daemon.socket();
+  int code = -1;
+  std::string out = RunGmux(-1, {"tenant", "add", "job-77", "--slurm-job", "77", "--weight", "6",
+                                 "--socket", sock}, &code);
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_EQ(Find(TenantList(daemon), "job-77").value("slurm_job", 0), 77);
+  // A process outside the job (a tenant's uid, not in job 77's cgroup) may not.
+  out = RunGmux(1, {"slurm", "taskepilog", "--job", "77", "--wait", "0", "--socket", sock},
+                &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("only a process of a Slurm job"), std::string::npos) << out;
+  // An operator may: gmuxd then runs scontrol, which has no cluster to talk to here.
+  out = RunGmux(-1, {"slurm", "taskepilog", "--job", "77", "--wait", "0", "--socket", sock},
+                &code);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("scontrol"), std::string::npos) << out;
+  // A job that is no tenant.
+  out = RunGmux(-1, {"slurm", "taskepilog", "--job", "78", "--wait", "0", "--socket", sock},
+                &code);
+  EXPECT_NE(out.find("job 78 is no tenant"), std::string::npos) << out;
+  // The epilog removes the tenant.
+  out = RunGmux(-1, {"slurm", "epilog", "--job", "77", "--wait", "0", "--socket", sock}, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(Find(TenantList(daemon), "job-77").is_null());
+  EXPECT_TRUE(daemon.Alive());
+}
+
 TEST_F(OpsTest, HashedTokensAndFailedAuthenticationsAreRateLimited) {
   int code = -1;
   RunGmux(-1, {"token", "hash"}, &code, false);  // no token on stdin: refused
