@@ -311,12 +311,14 @@ Result<std::string> Server::AdminTenant(const Pending& p, const std::string& tex
   }
   GMUX_RETURN_IF_ERROR(ApplyOptions(std::move(next)));
   if (action == "add") runtime_tenants_.insert(name);
+  // The answer shows the tenant as it was (a removed run-time tenant is still "run-time").
+  nlohmann::json shown = TenantJson(changed);
   if (action == "remove") runtime_tenants_.erase(name);
   spdlog::info("tenant '{}' {} by {} (weight {})", name.c_str(),
                action == "add" ? "added" : action == "set" ? "changed" : "removed",
                p.tcp ? "an admin token" : ("uid " + std::to_string(p.uid)).c_str(),
                changed.weight);
-  nlohmann::json out = {{"ok", true}, {"action", action}, {"tenant", TenantJson(changed)}};
+  nlohmann::json out = {{"ok", true}, {"action", action}, {"tenant", std::move(shown)}};
   if (action == "remove") {
     out["note"] = "sessions already connected keep running with the tenant's last settings";
     // Its books so far are closed now (a Slurm epilog reads them at once: docs/cluster.md).

@@ -158,4 +158,50 @@ for id in $job2 $job6; do
   comment=$(scontrol show job "$id" | grep -o 'AdminComment=[^ ]*')
   [[ "$comment" == *"commands=$commands"* ]] || fail "job $id: AdminComment '$comment'"
 done
+# A job that asks for a whole GPU: where gmuxd has a device pool, an exclusive lease for the
+# job's lifetime. gmuxd again, now with two PoCL devices, the second in the pool.
+kill "$gmuxd_pid"
+wait "$gmuxd_pid" 2>/dev/null
+cat >> "$tmp/gmuxd.toml" <<CONF
+[[scheduler.device]]
+index = 1
+mode = "exclusive"
+CONF
+POCL_DEVICES="pthread pthread" "$build/bin/gmuxd" --socket "$tmp/gmuxd.sock" \
+  --config "$tmp/gmuxd.toml" >> "$tmp/gmuxd.log" 2>&1 &
+gmuxd_pid=$!
+for _ in $(seq 100); do "$build/bin/gmux" status >/dev/null 2>&1 && break; sleep 0.1; done
+now=$(date +%s)
+cat > "$tmp/out/gpu.sh" <<JOB
+#!/bin/sh
+exec $build/bin/cluster_job $now $((now + 3)) $((now + 4))
+JOB
+chmod 755 "$tmp/out/gpu.sh"
+jobg=$(runuser -u nobody -- env SLURM_CONF="$SLURM_CONF" sbatch --parsable --gres=gpu:1 \
+  -o "$tmp/out/job-%j.out" -e "$tmp/out/job-%j.err" "$tmp/out/gpu.sh") || fail "sbatch gpu:1"
+leased=
+for _ in $(seq 100); do
+  if "$build/bin/gmux" lease list --json 2>/dev/null | tr -d ' \n' |
+      grep -q "\"state\":\"leased\",\"tenant\":\"job-$jobg\""; then
+    leased=1
+    break
+  fi
+  sleep 0.1
+done
+[[ -n "$leased" ]] || fail "job $jobg (gpu:1) holds no lease: $("$build/bin/gmux" lease list)"
+grep -q "tenant 'job-$jobg' added by uid 0 (weight 8)" "$tmp/gmuxd.log" ||
+  fail "the gpu:1 job's tenant does not weigh the GPU's 8 shards"
+for _ in $(seq 300); do
+  [[ -z "$(squeue -h 2>/dev/null)" ]] && break
+  sleep 0.2
+done
+state=$(scontrol show job "$jobg" | grep -o 'JobState=[A-Z]*')
+[[ "$state" == JobState=COMPLETED ]] || fail "job $jobg: $state: $(cat "$tmp/out/job-$jobg.err")"
+"$build/bin/gmux" lease list --json | tr -d ' \n' |
+  grep -q "\"state\":\"leased\",\"tenant\":\"job-$jobg\"" &&
+  fail "job $jobg's lease outlived it: $("$build/bin/gmux" lease list)"
+comment=$(scontrol show job "$jobg" | grep -o 'AdminComment=[^ ]*')
+lease_s=$(echo "$comment" | sed -n 's/.*lease_s=\([0-9.]*\).*/\1/p')
+echo "gpu:1 job $jobg: $comment"
+awk -v l="${lease_s:-0}" 'BEGIN { exit !(l > 0) }' || fail "job $jobg: no lease time booked"
 echo "PASSED: jobs were tenants with their shards as weights, and their usage was booked"
