@@ -174,7 +174,7 @@ for _ in $(seq 100); do "$build/bin/gmux" status >/dev/null 2>&1 && break; sleep
 now=$(date +%s)
 cat > "$tmp/out/gpu.sh" <<JOB
 #!/bin/sh
-exec $build/bin/cluster_job $now $((now + 3)) $((now + 4))
+exec $build/bin/cluster_job $((now + 4)) $((now + 7)) $((now + 8))
 JOB
 chmod 755 "$tmp/out/gpu.sh"
 jobg=$(runuser -u nobody -- env SLURM_CONF="$SLURM_CONF" sbatch --parsable --gres=gpu:1 \
@@ -202,6 +202,8 @@ state=$(scontrol show job "$jobg" | grep -o 'JobState=[A-Z]*')
   fail "job $jobg's lease outlived it: $("$build/bin/gmux" lease list)"
 comment=$(scontrol show job "$jobg" | grep -o 'AdminComment=[^ ]*')
 lease_s=$(echo "$comment" | sed -n 's/.*lease_s=\([0-9.]*\).*/\1/p')
-echo "gpu:1 job $jobg: $comment"
+echo "gpu:1 job $jobg: $(cat "$tmp/out/job-$jobg.out") $comment"
 awk -v l="${lease_s:-0}" 'BEGIN { exit !(l > 0) }' || fail "job $jobg: no lease time booked"
+[[ "$(field window_launches "$tmp/out/job-$jobg.out")" -gt 0 ]] ||
+  fail "job $jobg did not run its kernels in its window"
 echo "PASSED: jobs were tenants with their shards as weights, and their usage was booked"
