@@ -107,11 +107,20 @@ for _ in $(seq 100); do
 done
 [[ -n "$seen" ]] || fail "the jobs' tenants did not appear: $list"
 echo "$list" | grep -q "\"name\":\"job-$job2\",\"origin\":\"run-time\"" || true
+capacity=$("$build/bin/gmux" status --json | tr -d ' \n' | grep -o '"memory_capacity":[0-9]*' |
+  head -1 | cut -d: -f2)
 for j in "$job2:2" "$job6:6"; do
   id=${j%%:*}; w=${j##*:}
   grep -q "tenant 'job-$id' added by uid 0 (weight $w)" "$tmp/gmuxd.log" ||
     fail "tenant job-$id was not added with weight $w"
+  # Its memory quota: its shards' part of the device's memory (tenant JSON keys are sorted).
+  quota=$(echo "$list" |
+    sed -n "s/.*\"memory_quota\":\([0-9]*\),[^}]*},\"name\":\"job-$id\".*/\1/p")
+  awk -v q="${quota:-0}" -v c="${capacity:-0}" -v w="$w" \
+    'BEGIN { exit !(c > 0 && q > 0 && (q - c * w / 8) ^ 2 < 64) }' ||
+    fail "job-$id's memory quota '$quota' is not $w/8 of '$capacity': $list"
 done
+echo "memory quotas: 2/8 and 6/8 of the device's $capacity bytes, as their shards"
 
 # Both finish.
 for _ in $(seq 300); do
