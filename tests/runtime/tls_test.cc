@@ -439,6 +439,16 @@ class Holder {
       ::waitpid(pid_, nullptr, 0);
     }
   }
+  // Waits (up to 10 s) until the holder has opened one connection per address, and a little
+  // longer for gmuxd to have accepted them; false when it did not.
+  bool Holding(int addresses) const {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (Opened() < addresses && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(20ms);
+    }
+    std::this_thread::sleep_for(200ms);
+    return Opened() >= addresses;
+  }
   // Connections opened so far (written by the holder after each).
   long Opened() const {
     std::ifstream in(file_);
@@ -483,12 +493,7 @@ TEST(TlsTest, ManyAddressesCannotHoldEveryHandshake) {
   config.insert(config.find("\n") + 1, "max_unidentified = 4\nhandshake_timeout_s = 60\n");
   daemon.Start(config, /*tcp=*/true);
   Holder holder(daemon.tcp_port(), 4, daemon.dir() + "/held");
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (holder.Opened() < 4 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(20ms);
-  }
-  ASSERT_GE(holder.Opened(), 4);
-  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(holder.Holding(4));
   for (int round = 0; round < 2; ++round) {
     Child c = Child::Spawn(daemon, Remote(Address(daemon.tcp_port()), Pki().ca()),
                            [](Channel&) { return GoodTenant(3); });
@@ -509,12 +514,7 @@ TEST(TlsTest, SilentTcpConnectionsKeepNoLocalClientOut) {
                "[[tenant]]\nname = \"remote\"\ntokens = [\"" + std::string(kToken) + "\"]\n",
                /*tcp=*/true);
   Holder holder(daemon.tcp_port(), 4, daemon.dir() + "/held");
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (holder.Opened() < 4 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(20ms);
-  }
-  ASSERT_GE(holder.Opened(), 4);
-  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(holder.Holding(4));
   // Local control connections, at once (well within the grace): each gets its answer.
   for (int i = 0; i < 3; ++i) EXPECT_NE(StatusJson(daemon, -1), "") << daemon.Log();
   Child local = Child::Spawn(daemon, ChildOptions{}, [](Channel&) { return GoodTenant(3); });

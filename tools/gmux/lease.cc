@@ -18,21 +18,7 @@ using nlohmann::json;
 
 // The daemon's JSON answer, or an error message (exit 1) printed by the caller.
 std::optional<json> Ask(const LeaseOptions& o, const LeaseArgs& a, std::string& error) {
-  auto r = ControlRequest(o.socket, "gmux lease", a);
-  if (!r.ok()) {
-    error = r.status().message();
-    return std::nullopt;
-  }
-  json j = json::parse(*r, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    error = "gmuxd answered something that is not JSON";
-    return std::nullopt;
-  }
-  if (j.contains("error")) {
-    error = j["error"].get<std::string>();
-    return std::nullopt;
-  }
-  return j;
+  return ControlJson(o.socket, "gmux lease", a, std::nullopt, error);
 }
 
 int Fail(const std::string& what, const std::string& error) {

@@ -54,21 +54,7 @@ std::optional<std::string> Capture(const std::string& command) {
 
 std::optional<json> AskJson(const std::string& socket, const std::optional<LeaseArgs>& lease,
                             const std::optional<AdminArgs>& admin, std::string& error) {
-  auto r = ControlRequest(socket, "gmux slurm", lease, std::nullopt, admin);
-  if (!r.ok()) {
-    error = r.status().message();
-    return std::nullopt;
-  }
-  json j = json::parse(*r, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    error = "gmuxd answered something that is not JSON";
-    return std::nullopt;
-  }
-  if (j.contains("error") && j["error"].is_string()) {
-    error = j["error"].get<std::string>();
-    return std::nullopt;
-  }
-  return j;
+  return ControlJson(socket, "gmux slurm", lease, admin, error);
 }
 
 std::optional<json> Tenants(const std::string& socket, std::string& error) {

@@ -37,6 +37,27 @@ std::string ControlSocketPath(const std::string& socket) {
   return env != nullptr && *env != '\0' ? env : daemon::DefaultSocketPath();
 }
 
+std::optional<nlohmann::json> ControlJson(const std::string& socket, const char* client,
+                                          const std::optional<LeaseArgs>& lease,
+                                          const std::optional<AdminArgs>& admin,
+                                          std::string& error) {
+  auto r = ControlRequest(socket, client, lease, std::nullopt, admin);
+  if (!r.ok()) {
+    error = r.status().message();
+    return std::nullopt;
+  }
+  nlohmann::json j = nlohmann::json::parse(*r, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    error = "gmuxd answered something that is not JSON";
+    return std::nullopt;
+  }
+  if (j.contains("error")) {
+    error = j["error"].is_string() ? j["error"].get<std::string>() : j["error"].dump();
+    return std::nullopt;
+  }
+  return j;
+}
+
 Result<std::string> ControlRequest(const std::string& socket_arg, const char* client,
                                    const std::optional<LeaseArgs>& lease,
                                    const std::optional<FramesArgs>& frames,

@@ -43,6 +43,13 @@ Result<std::string> ControlRequest(const std::string& socket, const char* client
                                    const std::optional<FramesArgs>& frames = std::nullopt,
                                    const std::optional<AdminArgs>& admin = std::nullopt);
 
+// ControlRequest's answer as a JSON object, or nullopt with `error` set: the request failed,
+// the answer is not a JSON object, or it is one with an "error" member.
+std::optional<nlohmann::json> ControlJson(const std::string& socket, const char* client,
+                                          const std::optional<LeaseArgs>& lease,
+                                          const std::optional<AdminArgs>& admin,
+                                          std::string& error);
+
 // `gmux frames list|policy|target`: prints the answer (a table, or JSON); the exit status.
 int RunFrames(const std::string& socket, const FramesArgs& args, bool json);
 // The frame agents' table of `gmux status` and `gmux frames list` (`frames`: their JSON).
