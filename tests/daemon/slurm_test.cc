@@ -85,6 +85,21 @@ TEST(SlurmTest, HierarchiesThatDisagreeAreTrustedNeither) {
       "6:freezer:/slurm/uid_1000/job_5/step_0\n4:memory:/slurm/uid_1000/job_6/step_0\n", 1000));
 }
 
+TEST(SlurmTest, UsageCommentSumsTheJobsEntries) {
+  LedgerEntry a, b;
+  a.device_s = 1.5;
+  a.commands = 10;
+  a.bytes = 1024;
+  a.memory_byte_s = 1024.0 * 1024 * 1024;
+  b.device_s = 0.25;
+  b.commands = 5;
+  b.lease_s = 2;
+  EXPECT_EQ(SlurmUsageComment({a, b}),
+            "gmux:device_s=1.750000,commands=15,bytes=1024,memory_GiB_s=1.000,lease_s=2.000");
+  EXPECT_EQ(SlurmUsageComment({}),
+            "gmux:device_s=0.000000,commands=0,bytes=0,memory_GiB_s=0.000,lease_s=0.000");
+}
+
 TEST(SlurmTest, ThisProcessIsNoJob) {
   // The test runs outside Slurm (CI); a live process's file parses.
   EXPECT_FALSE(SlurmStepOf(::getpid(), ::getuid()).has_value() &&
