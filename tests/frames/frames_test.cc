@@ -112,6 +112,14 @@ double TailFps(const std::vector<Frame>& frames, double window_s) {
   return n > 1 && end > first ? static_cast<double>(n - 1) / (end - first) : 0;
 }
 
+// The pid an X server wrote into its display's lock file (-1 when unreadable).
+pid_t LockOwner(const std::string& lock) {
+  std::ifstream in(lock);
+  long pid = -1;
+  if (!(in >> pid)) return -1;
+  return static_cast<pid_t>(pid);
+}
+
 class FramesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -131,7 +139,11 @@ class FramesTest : public ::testing::Test {
         if (::waitpid(pid, nullptr, WNOHANG) == pid) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
-      if (fs::exists("/tmp/.X11-unix/X" + num) && ::kill(pid, 0) == 0) {
+      // Ours only when the lock names our Xvfb: one that lost the race to another test's may
+      // not have exited yet while the winner's socket is there (and that server goes away when
+      // the other test ends).
+      if (fs::exists("/tmp/.X11-unix/X" + num) && ::kill(pid, 0) == 0 &&
+          LockOwner("/tmp/.X" + num + "-lock") == pid) {
         xvfb_ = pid;
         display_ = ":" + num;
       } else {
