@@ -12,20 +12,24 @@ size_t WaitingRoom::Admit(const std::vector<Waiter>& waiting, const std::string&
                          Clock::time_point now) {
   if (waiting.size() < capacity_) return kRoom;
   if (waiting.empty()) return kRefuse;  // capacity 0
-  if (auto p = penalty_until_.find(group); p != penalty_until_.end() && p->second > now) {
-    return kRefuse;  // rule 1
-  }
   std::map<std::string, size_t> held;
   for (const Waiter& w : waiting) ++held[w.group];
   const auto mine = held.find(group);
   const size_t have = mine == held.end() ? 0 : mine->second;
-  auto greediest = std::max_element(
-      held.begin(), held.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-  const bool rule2 = greediest->second >= have + 2;
+  size_t most = 0;
+  for (const auto& [g, n] : held) most = std::max(most, n);
+  // Rule 1: the groups holding the most, when that is two more than the newcomer's; else rule
+  // 3, unless rule 2 says the newcomer's group lost a connection lately: any group holding more.
+  size_t least = most;
+  if (most < have + 2) {
+    if (auto p = penalty_until_.find(group); p != penalty_until_.end() && p->second > now) {
+      return kRefuse;  // rule 2
+    }
+    least = have + 1;
+  }
   size_t out = kRefuse;
   for (size_t i = 0; i < waiting.size(); ++i) {
-    const bool may_go = rule2 ? waiting[i].group == greediest->first
-                              : held[waiting[i].group] >= have + 1;  // rule 3
+    const bool may_go = held[waiting[i].group] >= least;
     if (may_go && (out == kRefuse || waiting[i].since < waiting[out].since)) out = i;
   }
   if (out == kRefuse) return kRefuse;  // rule 4

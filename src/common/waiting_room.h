@@ -37,15 +37,16 @@ class WaitingRoom {
   // Decides for a newcomer from `group`: kRoom, kRefuse, or the index in `waiting` of the one
   // to close so that the newcomer may wait in its place. While there is room, anyone waits.
   // When full:
-  //  1. a group that lost a connection to make room within kPenalty is refused (so a peer that
-  //     reopens each connection closed under it cannot in turn close someone else's, and so on
-  //     until the newcomer's own is closed);
-  //  2. else a group holding at least two more than the newcomer's loses its oldest (one address
-  //     cannot keep the others out by opening connections and saying nothing);
-  //  3. else the oldest connection of a group holding more than the newcomer's goes (so many
+  //  1. if the groups holding the most hold at least two more than the newcomer's, the oldest
+  //     connection among them goes (one address cannot keep the others out by opening
+  //     connections and saying nothing);
+  //  2. else a group that lost a connection to make room within kPenalty is refused (so a peer
+  //     that reopens each connection closed under it cannot in turn close someone else's by
+  //     rule 3, and so on until the newcomer's own is closed);
+  //  3. else the oldest connection of any group holding more than the newcomer's goes (so many
   //     addresses holding one silent connection each cannot keep anyone out either);
   //  4. else (the newcomer's group holds as many as any) it is refused.
-  // The group whose connection goes is penalised (rule 1).
+  // The group whose connection goes is penalised (rule 2).
   size_t Admit(const std::vector<Waiter>& waiting, const std::string& group,
                Clock::time_point now);
 

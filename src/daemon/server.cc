@@ -353,6 +353,13 @@ void Server::Stop() {
     (void)!::write(wake_pipe_[1], &c, 1);
     thread_.join();
   }
+  {
+    // Jobs' comments being written use the ledger and the scheduler: they end first (scontrol
+    // is bounded to 10 s).
+    std::unique_lock<std::mutex> lock(slurm_comments_->mu);
+    slurm_comments_->cv.wait_for(lock, std::chrono::seconds(15),
+                                 [this] { return slurm_comments_->jobs.empty(); });
+  }
   // The interval in progress is booked while the scheduler can still answer.
   if (ledger_) ledger_->Stop();
   if (scheduler_) scheduler_->Stop();
@@ -399,20 +406,20 @@ void Server::NoteAuthFailure(const std::string& origin) {
     });
     if (auth_failures_.size() >= 4096) auth_failures_.erase(auth_failures_.begin());
   }
-  AuthFailures& f = auth_failures_[room::OriginGroup(origin)];
+  AuthFailures& f = auth_failures_[origin];
   f.times.push_back(now);
   while (!f.times.empty() && f.times.front() + window <= now) f.times.pop_front();
   if (f.times.size() >= options_.auth_failures) {
     f.blocked_until = now + window;
     f.times.clear();
     spdlog::warn("{}: {} failed authentications within {} s; its connections are refused for "
-                 "{} s", room::OriginGroup(origin), options_.auth_failures, options_.auth_block_s,
+                 "{} s", origin, options_.auth_failures, options_.auth_block_s,
                  options_.auth_block_s);
   }
 }
 
 double Server::AuthBlockedFor(const std::string& origin) const {
-  auto it = auth_failures_.find(room::OriginGroup(origin));
+  auto it = auth_failures_.find(origin);
   if (it == auth_failures_.end()) return 0;
   return std::chrono::duration<double>(it->second.blocked_until -
                                        std::chrono::steady_clock::now()).count();
@@ -621,8 +628,8 @@ void Server::Accept(int listen_fd, bool tcp) {
       p->uid = cred.uid;
       p->gid = cred.gid;
       p->origin = "uid " + std::to_string(cred.uid);
-      // A process of a Slurm job is that job's tenant (when one is registered): read now, from
-      // the kernel, while the peer is certainly alive (it is connected).
+      // A process of a Slurm job is that job's tenant (when one is registered), by the kernel's
+      // view of the connecting pid (slurm.h: a pid reused by another user counts for nothing).
       if (auto step = SlurmStepOf(cred.pid, cred.uid)) p->slurm_job = step->job;
     }
     Admit(std::move(p));
@@ -655,6 +662,15 @@ void Server::Admit(std::unique_ptr<Pending> p) {
     ::close(fd);
     return;
   }
+  // A uid at its connection cap is refused before it could displace anyone's connection.
+  if (const auto held = identity_conns_.find("uid:" + std::to_string(p->uid));
+      !p->tcp && held != identity_conns_.end() &&
+      held->second >= static_cast<int>(options_.max_connections_per_identity)) {
+    ReplyError(fd, 1, "gmuxd: too many connections for uid " + std::to_string(p->uid) +
+                          " (max_connections_per_identity)");
+    ::close(fd);
+    return;
+  }
   p->since = std::chrono::steady_clock::now();
   if (!MakeRoomForUnidentified(*p)) {
     ReplyError(fd, 0, "gmuxd: too many connections are waiting to say hello (max_unidentified); "
@@ -666,12 +682,6 @@ void Server::Admit(std::unique_ptr<Pending> p) {
                 std::chrono::milliseconds(static_cast<int64_t>(options_.handshake_timeout_s * 1e3));
   if (!p->tcp) {
     p->identity = "uid:" + std::to_string(p->uid);
-    if (identity_conns_[p->identity] >= static_cast<int>(options_.max_connections_per_identity)) {
-      ReplyError(fd, 1, "gmuxd: too many connections for uid " + std::to_string(p->uid) +
-                            " (max_connections_per_identity)");
-      ::close(fd);
-      return;
-    }
     ++identity_conns_[p->identity];
   }
   pending_.push_back(std::move(p));

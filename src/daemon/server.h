@@ -154,7 +154,9 @@ class Server {
   void ServeSlurmComment(Pending& p, uint64_t seq, const std::string& args);
   struct JobsInFlight {
     std::mutex mu;
-    std::set<uint64_t> jobs;  // GUARDED_BY(mu)
+    std::condition_variable cv;  // a write ended
+    std::set<uint64_t> jobs;     // GUARDED_BY(mu): being written
+    std::map<uint64_t, std::chrono::steady_clock::time_point> last;  // GUARDED_BY(mu)
   };
   // Jobs whose comment is being written (shared with the writing threads).
   std::shared_ptr<JobsInFlight> slurm_comments_ = std::make_shared<JobsInFlight>();

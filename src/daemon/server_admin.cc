@@ -173,24 +173,40 @@ void Server::ServeSlurmComment(Pending& p, uint64_t seq, const std::string& text
     if (tenant == nullptr) {
       why = NotFound("slurm-comment: job " + std::to_string(job) + " is no tenant (the gmux "
                      "prolog registers it)");
-    } else if (std::lock_guard<std::mutex> lock(slurm_comments_->mu);
-               !slurm_comments_->jobs.insert(job).second) {
-      why = ResourceExhausted("slurm-comment: job " + std::to_string(job) +
-                              "'s comment is being written; try again");
+    } else {
+      // One write per job at a time, and at most one a second: a job's process cannot keep
+      // gmuxd booking and running scontrol.
+      std::lock_guard<std::mutex> lock(slurm_comments_->mu);
+      const auto now = std::chrono::steady_clock::now();
+      auto last = slurm_comments_->last.find(job);
+      if (slurm_comments_->jobs.count(job) != 0 ||
+          (last != slurm_comments_->last.end() && now - last->second < std::chrono::seconds(1))) {
+        why = ResourceExhausted("slurm-comment: job " + std::to_string(job) +
+                                "'s comment was just written; try again");
+      } else {
+        slurm_comments_->jobs.insert(job);
+        if (slurm_comments_->last.size() >= 4096) {
+          std::erase_if(slurm_comments_->last, [&](const auto& e) {
+            return now - e.second > std::chrono::seconds(1);
+          });
+        }
+        slurm_comments_->last[job] = now;
+      }
     }
   }
   if (!why.ok()) {
     ReplyError(p.fd, seq, "gmuxd: " + why.message());
     return;
   }
-  if (Status booked = ledger_->BookNow(); !booked.ok()) {
-    spdlog::warn("ledger: booking for job {}'s comment: {}", job, booked.message());
-  }
   LedgerQuery q;
   q.tenant = tenant->name;
-  // Off the broker thread: the query, scontrol (a round trip to slurmctld), the reply.
-  std::thread([fd = p.fd, seq, job, q, path = ledger_->path(), limits = options_.frame,
-               in_flight = slurm_comments_] {
+  // Off the broker thread: the booking (it waits for the scheduler and SQLite), the query,
+  // scontrol (a round trip to slurmctld), the reply. Stop() waits for these threads.
+  std::thread([fd = p.fd, seq, job, q, ledger = ledger_.get(), path = ledger_->path(),
+               limits = options_.frame, in_flight = slurm_comments_] {
+    if (Status booked = ledger->BookNow(); !booked.ok()) {
+      spdlog::warn("ledger: booking for job {}'s comment: {}", job, booked.message());
+    }
     std::string answer, error;
     auto entries = Ledger::Query(path, q);
     if (!entries.ok()) {
@@ -224,6 +240,7 @@ void Server::ServeSlurmComment(Pending& p, uint64_t seq, const std::string& text
     ::close(fd);
     std::lock_guard<std::mutex> lock(in_flight->mu);
     in_flight->jobs.erase(job);
+    in_flight->cv.notify_all();
   }).detach();
   p.fd = -1;  // the thread's now
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,7 +39,7 @@ std::optional<uint64_t> Numbered(std::string_view part, std::string_view prefix)
   return n;
 }
 
-// One line's path, or nullopt when it is not a Slurm step's cgroup.
+// One line's path, or nullopt when it is not exactly a cgroup Slurm makes for a job or step.
 std::optional<SlurmStep> FromPath(std::string_view path, bool v2, uid_t uid) {
   const std::vector<std::string_view> parts = Split(path);
   size_t job_at = 0;
@@ -61,13 +62,24 @@ std::optional<SlurmStep> FromPath(std::string_view path, bool v2, uid_t uid) {
   const auto job = Numbered(parts[job_at], "job_");
   if (!job || *job == 0) return {};
   if (parts.size() == job_at + 1) return SlurmStep{*job, ""};  // the job's own (its TaskEpilog)
-  if (parts[job_at + 1].substr(0, 5) != "step_") return {};
-  return SlurmStep{*job, std::string(parts[job_at + 1].substr(5))};
+  const std::string_view step = parts[job_at + 1];
+  if (step.substr(0, 5) != "step_" || step.size() == 5) return {};
+  // Below the step only what Slurm itself makes: v1 task_T; v2 user[/task_T] and slurm.
+  const size_t below = parts.size() - job_at - 2;
+  bool known = below == 0;
+  if (!v2 && below == 1) known = Numbered(parts[job_at + 2], "task_").has_value();
+  if (v2 && below == 1) known = parts[job_at + 2] == "user" || parts[job_at + 2] == "slurm";
+  if (v2 && below == 2) {
+    known = parts[job_at + 2] == "user" && Numbered(parts[job_at + 3], "task_").has_value();
+  }
+  if (!known) return {};
+  return SlurmStep{*job, std::string(step.substr(5))};
 }
 
 }  // namespace
 
-std::optional<SlurmStep> SlurmStepFromCgroup(std::string_view text, uid_t uid) {
+std::optional<SlurmStep> SlurmStepFromCgroup(std::string_view text, uid_t uid,
+                                             const CgroupIsRoots& roots) {
   std::optional<SlurmStep> found;
   size_t at = 0;
   while (at < text.size()) {
@@ -82,6 +94,9 @@ std::optional<SlurmStep> SlurmStepFromCgroup(std::string_view text, uid_t uid) {
     const bool v2 = line.substr(0, c1) == "0" && c2 == c1 + 1;
     auto step = FromPath(line.substr(c2 + 1), v2, uid);
     if (!step) continue;
+    if (!roots(v2 ? std::string_view() : line.substr(c1 + 1, c2 - c1 - 1), line.substr(c2 + 1))) {
+      return {};  // a cgroup someone other than root made, named like Slurm's: trust nothing
+    }
     if (found && found->job != step->job) return {};  // two jobs: trust neither
     if (!found) found = std::move(step);
   }
@@ -89,11 +104,29 @@ std::optional<SlurmStep> SlurmStepFromCgroup(std::string_view text, uid_t uid) {
 }
 
 std::optional<SlurmStep> SlurmStepOf(pid_t pid, uid_t uid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+  if (pid <= 0) return {};
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::ifstream in(proc + "/cgroup");
   if (!in) return {};
   std::stringstream ss;
   ss << in.rdbuf();
-  return SlurmStepFromCgroup(ss.str(), uid);
+  // SO_PEERCRED's pid is the connecting process's: if it has gone and its pid was given to a
+  // process of another user, that process is not the peer.
+  struct stat st {};
+  if (::stat(proc.c_str(), &st) != 0 || st.st_uid != uid) return {};
+  auto roots = [](std::string_view controllers, std::string_view path) {
+    std::string base = "/sys/fs/cgroup";
+    if (!controllers.empty()) {
+      std::string c(controllers);
+      if (c.rfind("name=", 0) == 0) c = c.substr(5);
+      base += "/" + c;
+    } else if (::access("/sys/fs/cgroup/unified/cgroup.procs", F_OK) == 0) {
+      base += "/unified";  // hybrid hosts mount v2 there
+    }
+    struct stat f {};
+    return ::stat((base + std::string(path) + "/cgroup.procs").c_str(), &f) == 0 && f.st_uid == 0;
+  };
+  return SlurmStepFromCgroup(ss.str(), uid, roots);
 }
 
 std::string SlurmUsageComment(const std::vector<LedgerEntry>& entries) {
@@ -125,8 +158,16 @@ Status SetSlurmAdminComment(uint64_t job, const std::string& comment) {
     return Internal("fork failed");
   }
   if (pid == 0) {
+    // Nothing of gmuxd's reaches scontrol: not its descriptors (tenants' sockets), not its
+    // blocked signals.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) ::dup2(null, 0);
     ::dup2(err[1], 1);
     ::dup2(err[1], 2);
+    ::close_range(3, ~0U, 0);
     const char* argv[] = {"scontrol", "update", id.c_str(), value.c_str(), nullptr};
     ::execvp("scontrol", const_cast<char* const*>(argv));
     static const char kMissing[] = "scontrol not found";

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,11 +29,21 @@ struct SlurmStep {
   std::string step;  // "batch", "extern", "0", ...; "" in the job's own cgroup (TaskEpilog)
 };
 
-// The job of a process whose /proc/PID/cgroup reads `text`; nullopt when none (not in a job, or
-// the lines disagree, or a v1 path names another uid than `uid`).
-std::optional<SlurmStep> SlurmStepFromCgroup(std::string_view text, uid_t uid);
+// Whether the cgroup at `path` in the hierarchy of `controllers` ("freezer", "name=systemd",
+// "" for cgroup v2) is root's: its cgroup.procs owned by root. Slurm gives a job's user the step
+// directories under cgroup v1, so the user can make cgroups below them and move any process of
+// theirs into those — but files of a cgroup the user made are the user's.
+using CgroupIsRoots = std::function<bool(std::string_view controllers, std::string_view path)>;
 
-// The same for a live process (nullopt when it is gone or unreadable).
+// The job of a process whose /proc/PID/cgroup reads `text`; nullopt when none: not in a job, a
+// path that is not exactly one Slurm makes (job_J, job_J/step_S, job_J/step_S/task_T under v1;
+// job_J, job_J/step_S[/user[/task_T]] or /slurm under v2), a cgroup `roots` says is not root's,
+// hierarchies naming different jobs, or a v1 path naming another uid than `uid`.
+std::optional<SlurmStep> SlurmStepFromCgroup(std::string_view text, uid_t uid,
+                                             const CgroupIsRoots& roots);
+
+// The same for a live process, checked against the cgroup file systems under /sys/fs/cgroup;
+// nullopt also when the process is gone or is no longer `uid`'s (its pid was reused).
 std::optional<SlurmStep> SlurmStepOf(pid_t pid, uid_t uid);
 
 // A job's usage (ledger entries of its tenant, summed) as one AdminComment value:

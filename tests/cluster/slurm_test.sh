@@ -18,6 +18,11 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 77
 fi
 
+if [[ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" == cgroup2fs ]]; then
+  echo "SKIP: cgroup v2-only host; the test bed (scripts/slurm-testbed.sh) is for cgroup v1"
+  exit 77
+fi
+
 tmp=$(mktemp -d /tmp/gmux-slurm-XXXXXX)
 chmod 755 "$tmp"
 gmuxd_pid=

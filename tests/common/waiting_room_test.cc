@@ -67,6 +67,25 @@ TEST(WaitingRoomTest, AGroupThatLostAConnectionCannotDisplaceOthersForAWhile) {
   EXPECT_EQ(room.penalised(now + kPenalty + milliseconds(2)), 1u);  // x3 again; x2's is over
 }
 
+TEST(WaitingRoomTest, APenalisedGroupStillTakesBackFromTheGreediest) {
+  // A busy NAT "g" lost a connection to make room (penalised); a flooder "a" then holds 3 of 4.
+  WaitingRoom room(4);
+  std::vector<Waiter> w = {At("g", 1), At("a", 2), At("b", 3), At("d", 4)};
+  ASSERT_EQ(room.Admit(w, "c", t0 + milliseconds(5)), 0u);  // g's, by rule 3
+  std::vector<Waiter> flooded = {At("a", 6), At("a", 2), At("a", 3), At("b", 4)};
+  EXPECT_EQ(room.Admit(flooded, "g", t0 + milliseconds(7)), 1u);  // a's oldest, by rule 1
+  // Penalised and not two behind anyone: refused.
+  std::vector<Waiter> even = {At("g", 8), At("a", 6), At("b", 4), At("c", 5)};
+  EXPECT_EQ(room.Admit(even, "g", t0 + milliseconds(9)), kRefuse);
+}
+
+TEST(WaitingRoomTest, AmongGroupsHoldingTheMostTheOldestConnectionGoes) {
+  // "a" and "b" hold two each: not the first by name, the oldest.
+  std::vector<Waiter> w = {At("a", 5), At("b", 2), At("a", 7), At("b", 9)};
+  WaitingRoom room(4);
+  EXPECT_EQ(room.Admit(w, "c", t0 + milliseconds(10)), 1u);
+}
+
 TEST(WaitingRoomTest, Ipv6CountsAsItsSlash64AndMappedIpv4AsIpv4) {
   EXPECT_EQ(OriginGroup("address 2001:db8:1:2:aaaa::1"), "address 2001:db8:1:2::/64");
   EXPECT_EQ(OriginGroup("address 2001:db8:1:2:bbbb:cccc:dddd:eeee"), "address 2001:db8:1:2::/64");

@@ -33,6 +33,27 @@ TEST(SlurmGresTest, AMultiNodeJobCountsThisNodesLine) {
   EXPECT_EQ(ParseJobGres(job, "n3").gpus, 3u);  // not named: the job's total
 }
 
+TEST(SlurmGresTest, NodeListsAsSlurmPrintsThem) {
+  EXPECT_TRUE(InHostlist("vm", "vm"));
+  EXPECT_TRUE(InHostlist("n[01-04,07]", "n03"));
+  EXPECT_TRUE(InHostlist("n[01-04,07]", "n07"));
+  EXPECT_FALSE(InHostlist("n[01-04,07]", "n05"));
+  EXPECT_FALSE(InHostlist("n[01-04]", "n3"));  // padded ranges name padded nodes
+  EXPECT_TRUE(InHostlist("a1,gpu[8-12]-ib,z", "gpu10-ib"));
+  EXPECT_FALSE(InHostlist("gpu[8-12]-ib", "gpu10"));
+  EXPECT_FALSE(InHostlist("n[x-y]", "n1"));
+  EXPECT_FALSE(InHostlist("", "n1"));
+  // A multi-node job: its lines name node lists.
+  const char* job =
+      "   JOB_GRES=shard:6\n"
+      "     Nodes=n[01-02] CPU_IDs=0 Mem=0 GRES=shard:2(IDX:0)\n"
+      "     Nodes=n03 CPU_IDs=0 Mem=0 GRES=\n"
+      "     Nodes=n04 CPU_IDs=0 Mem=0 GRES=shard:4(IDX:0)\n";
+  EXPECT_EQ(ParseJobGres(job, "n02").shards, 2u);
+  EXPECT_EQ(ParseJobGres(job, "n03").shards, 0u);  // none here, not the job's total
+  EXPECT_EQ(ParseJobGres(job, "n04").shards, 4u);
+}
+
 TEST(SlurmGresTest, NodeGresAndLists) {
   const SlurmGres n = ParseNodeGres(
       "NodeName=vm Arch=x86_64 CoresPerSocket=2\n   CPUAlloc=0 CPUEfctv=2 CPUTot=2\n"

@@ -102,8 +102,10 @@ int Prolog(const SlurmOptions& o) {
         }
       }
       if (capacity > 0) {
-        const double share = static_cast<double>(std::min(job.shards, node.shards)) /
-                             static_cast<double>(node.shards);
+        // gmuxd applies a quota per device: the job's shards against one GPU's.
+        const uint64_t gpu_shards = node.gpus > 0 ? node.shards / node.gpus : node.shards;
+        const double share = static_cast<double>(std::min(job.shards, gpu_shards)) /
+                             static_cast<double>(std::max<uint64_t>(gpu_shards, 1));
         t.memory_quota = std::to_string(static_cast<uint64_t>(share * static_cast<double>(capacity)));
       }
     }
@@ -209,10 +211,18 @@ int TaskEpilog(const SlurmOptions& o) {
     if (sessions == 0 || std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto answer = AskJson(o.socket, std::nullopt,
-                        AdminArgs{"slurm-comment", json{{"job", o.job}}.dump()}, error);
-  if (!answer) return Fail("taskepilog", error);
-  return 0;
+  // The tasks of one step end together: a write refused as too soon is tried again (the last
+  // one must carry the job's total).
+  for (;;) {
+    auto answer = AskJson(o.socket, std::nullopt,
+                          AdminArgs{"slurm-comment", json{{"job", o.job}}.dump()}, error);
+    if (answer) return 0;
+    if (error.find("try again") == std::string::npos ||
+        std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(5)) {
+      return Fail("taskepilog", error);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
 }
 
 int RunSlurm(const SlurmOptions& in) {

@@ -1,5 +1,6 @@
 #include "slurm_gres.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -69,17 +70,66 @@ SlurmGres ParseGresList(std::string_view list) {
   return g;
 }
 
+bool InHostlist(std::string_view list, std::string_view node) {
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= list.size(); ++i) {
+    const char c = i < list.size() ? list[i] : ',';
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c != ',' || depth > 0) continue;
+    const std::string_view item = list.substr(start, i - start);
+    start = i + 1;
+    const size_t open = item.find('['), close = item.find(']');
+    if (open == std::string_view::npos || close == std::string_view::npos || close < open) {
+      if (item == node) return true;
+      continue;
+    }
+    // prefix[ranges]suffix, ranges "01-04,07": one bracket group, as Slurm prints a node list.
+    const std::string_view prefix = item.substr(0, open), suffix = item.substr(close + 1);
+    if (node.size() <= prefix.size() + suffix.size() || node.substr(0, prefix.size()) != prefix ||
+        node.substr(node.size() - suffix.size()) != suffix) {
+      continue;
+    }
+    const std::string_view digits =
+        node.substr(prefix.size(), node.size() - prefix.size() - suffix.size());
+    if (digits.find_first_not_of("0123456789") != std::string_view::npos || digits.size() > 9) {
+      continue;
+    }
+    const long n = std::stol(std::string(digits));
+    std::string_view ranges = item.substr(open + 1, close - open - 1);
+    while (!ranges.empty()) {
+      const size_t comma = ranges.find(',');
+      const std::string_view r = ranges.substr(0, comma);
+      ranges = comma == std::string_view::npos ? std::string_view() : ranges.substr(comma + 1);
+      const size_t dash = r.find('-');
+      const std::string_view lo = r.substr(0, dash);
+      const std::string_view hi = dash == std::string_view::npos ? lo : r.substr(dash + 1);
+      if (lo.empty() || hi.empty() || lo.size() > 9 || hi.size() > 9 ||
+          lo.find_first_not_of("0123456789") != std::string_view::npos ||
+          hi.find_first_not_of("0123456789") != std::string_view::npos) {
+        continue;
+      }
+      // Zero-padded ranges name zero-padded nodes ("n[01-04]" is n01..n04, not n1).
+      if (lo.size() > 1 && lo[0] == '0' && digits.size() != lo.size()) continue;
+      if (n >= std::stol(std::string(lo)) && n <= std::stol(std::string(hi))) return true;
+    }
+  }
+  return false;
+}
+
 SlurmGres ParseJobGres(std::string_view scontrol_job, const std::string& node) {
   std::vector<std::string> per_node;
-  std::string mine, job_gres;
+  std::optional<std::string> mine;
+  std::string job_gres;
   for (std::string_view line : Lines(scontrol_job)) {
     if (line.rfind("JOB_GRES=", 0) == 0) job_gres = Field(line, "JOB_GRES=");
     if (line.rfind("Nodes=", 0) == 0 && line.find(" GRES=") != std::string_view::npos) {
       per_node.push_back(Field(line, "GRES="));
-      if (Field(line, "Nodes=") == node) mine = per_node.back();
+      if (InHostlist(Field(line, "Nodes="), node)) mine = per_node.back();
     }
   }
-  if (!mine.empty()) return ParseGresList(mine);
+  if (mine) return ParseGresList(*mine);  // this node's (perhaps none)
   if (per_node.size() == 1) return ParseGresList(per_node[0]);
   return ParseGresList(job_gres);
 }

@@ -17,8 +17,10 @@ struct SlurmGres {
 // GRES counts in a Slurm GRES list ("gpu:1,shard:8", "gpu:a100:2(S:0-1),shard:16",
 // "shard:2(IDX:0)"); other GRES are ignored.
 SlurmGres ParseGresList(std::string_view list);
-// The job's GRES on `node` from `scontrol show job -d` (the "Nodes=... GRES=..." line naming
-// the node, or the only one; else JOB_GRES).
+// Whether `node` is in a Slurm node list ("n01,gpu[01-04,07]").
+bool InHostlist(std::string_view list, std::string_view node);
+// The job's GRES on `node` from `scontrol show job -d` (the "Nodes=... GRES=..." line whose node
+// list holds the node, or the only one; else JOB_GRES).
 SlurmGres ParseJobGres(std::string_view scontrol_job, const std::string& node);
 // The node's configured GRES from `scontrol show node` ("Gres=...").
 SlurmGres ParseNodeGres(std::string_view scontrol_node);
