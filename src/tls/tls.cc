@@ -3,6 +3,7 @@
 // made) is caught here, at the edge.
 #include "tls/tls.h"
 
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -624,6 +625,9 @@ void ClientThread(int tcp_fd, ClientOptions o, std::promise<Result<int>> ready) 
   if (!ok) return;
   io->run();
   io.reset();
+  // OpenSSL's per-thread state is freed now, not by a thread-exit handler after the count below
+  // lets main() return (at exit, OpenSSL's own cleanup would free the locks that handler uses).
+  OPENSSL_thread_stop();
   std::lock_guard<std::mutex> lock(Relays().mu);
   --Relays().running;
   Relays().cv.notify_all();
