@@ -122,12 +122,16 @@ bool ValidLogLevel(std::string_view level) {
   return level == "debug" || level == "info" || level == "warn" || level == "error";
 }
 
-Result<TenantConfig> DaemonOptions::TenantForPeer(uint32_t uid, uint64_t job) const {
-  if (job != 0) {
-    for (const auto& t : tenants) {
-      if (t.slurm_job == job) return t;
-    }
+const TenantConfig* DaemonOptions::TenantForJob(uint64_t job) const {
+  if (job == 0) return nullptr;
+  for (const auto& t : tenants) {
+    if (t.slurm_job == job) return &t;
   }
+  return nullptr;
+}
+
+Result<TenantConfig> DaemonOptions::TenantForPeer(uint32_t uid, uint64_t job) const {
+  if (const TenantConfig* t = TenantForJob(job)) return *t;
   return TenantForUid(uid);
 }
 

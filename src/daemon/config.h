@@ -210,8 +210,9 @@ struct DaemonOptions {
   // The configured tenant for a local uid, or the default rule's answer (kPermissionDenied when
   // unknown peers are rejected).
   Result<TenantConfig> TenantForUid(uint32_t uid) const;
-  // A local peer in Slurm job `job` (0: none): the tenant whose slurm_job it is, else as
-  // TenantForUid.
+  // The tenant whose slurm_job is `job` (nullptr when none, and for 0).
+  const TenantConfig* TenantForJob(uint64_t job) const;
+  // A local peer in Slurm job `job` (0: none): TenantForJob's, else as TenantForUid.
   Result<TenantConfig> TenantForPeer(uint32_t uid, uint64_t job) const;
   // The tenant a TCP client's token names, or `default_tenant` when unknown tokens are shared
   // (kPermissionDenied when they are rejected, and for an empty token then).

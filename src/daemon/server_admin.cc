@@ -38,6 +38,26 @@ Result<std::string> StringArg(const nlohmann::json& args, const char* key) {
   return it->get<std::string>();
 }
 
+// The answer to an admin request, sent by a thread of its own, which then closes `fd`: the JSON
+// on success, else CL_INVALID_OPERATION and "gmuxd: " with the message.
+void SendAdminAnswer(int fd, uint64_t seq, const Result<std::string>& answer,
+                     const proto::FrameLimits& limits,
+                     std::chrono::steady_clock::time_point deadline) {
+  capnp::MallocMessageBuilder b;
+  auto rep = b.initRoot<wire::Reply>();
+  rep.setSeq(seq);
+  if (answer.ok()) {
+    rep.setStatus(CL_SUCCESS);
+    rep.setAdmin(*answer);
+  } else {
+    rep.setStatus(CL_INVALID_OPERATION);
+    rep.setMessage("gmuxd: " + answer.status().message());
+  }
+  auto frame = proto::EncodeFrame(proto::FrameKind::kReply, b, limits);
+  if (frame.ok()) SendBefore(fd, *frame, deadline).IgnoreError();
+  ::close(fd);
+}
+
 }  // namespace
 
 void Server::ServeAdmin(Pending& p, uint64_t seq, const std::string& command,
@@ -117,11 +137,8 @@ void Server::RunUsageQuery(int fd, uint64_t seq, LedgerQuery q, std::string path
                            double interval_s, proto::FrameLimits limits,
                            std::shared_ptr<std::atomic<int>> running) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  capnp::MallocMessageBuilder b;
-  auto rep = b.initRoot<wire::Reply>();
-  rep.setSeq(seq);
   Result<std::vector<LedgerEntry>> entries = Ledger::Query(path, q);
-  std::string answer;
+  Result<std::string> answer = entries.status();
   if (entries.ok()) {
     nlohmann::json out = {{"ledger", path},
                           {"interval_s", interval_s},
@@ -133,21 +150,12 @@ void Server::RunUsageQuery(int fd, uint64_t seq, LedgerQuery q, std::string path
     for (const LedgerEntry& e : *entries) list.push_back(LedgerEntryJson(e));
     out["entries"] = std::move(list);
     answer = out.dump(-1, ' ', false, kReplaceBadUtf8);
+    if (answer->size() + 4096 > limits.max_payload_bytes) {
+      answer = InvalidArgument("usage: the answer is larger than one frame; narrow "
+                               "--since/--until or --tenant, or read the file with --ledger");
+    }
   }
-  if (!entries.ok()) {
-    rep.setStatus(CL_INVALID_OPERATION);
-    rep.setMessage("gmuxd: " + entries.status().message());
-  } else if (answer.size() + 4096 > limits.max_payload_bytes) {
-    rep.setStatus(CL_INVALID_OPERATION);
-    rep.setMessage("gmuxd: usage: the answer is larger than one frame; narrow --since/--until "
-                   "or --tenant, or read the file with --ledger");
-  } else {
-    rep.setStatus(CL_SUCCESS);
-    rep.setAdmin(answer);
-  }
-  auto frame = proto::EncodeFrame(proto::FrameKind::kReply, b, limits);
-  if (frame.ok()) SendBefore(fd, *frame, deadline).IgnoreError();
-  ::close(fd);
+  SendAdminAnswer(fd, seq, answer, limits, deadline);
   running->fetch_sub(1);
 }
 
@@ -167,9 +175,7 @@ void Server::ServeSlurmComment(Pending& p, uint64_t seq, const std::string& text
   } else if (!ledger_) {
     why = FailedPrecondition("slurm-comment: this gmuxd keeps no usage ledger");
   } else {
-    for (const TenantConfig& t : options_.tenants) {
-      if (t.slurm_job == job) tenant = &t;
-    }
+    tenant = options_.TenantForJob(job);
     if (tenant == nullptr) {
       why = NotFound("slurm-comment: job " + std::to_string(job) + " is no tenant (the gmux "
                      "prolog registers it)");
@@ -202,42 +208,25 @@ void Server::ServeSlurmComment(Pending& p, uint64_t seq, const std::string& text
   q.tenant = tenant->name;
   // Off the broker thread: the booking (it waits for the scheduler and SQLite), the query,
   // scontrol (a round trip to slurmctld), the reply. Stop() waits for these threads.
-  std::thread([fd = p.fd, seq, job, q, ledger = ledger_.get(), path = ledger_->path(),
-               limits = options_.frame, in_flight = slurm_comments_] {
+  std::thread([fd = p.fd, seq, job, q, ledger = ledger_.get(), limits = options_.frame,
+               in_flight = slurm_comments_] {
     if (Status booked = ledger->BookNow(); !booked.ok()) {
       spdlog::warn("ledger: booking for job {}'s comment: {}", job, booked.message());
     }
-    std::string answer, error;
-    auto entries = Ledger::Query(path, q);
-    if (!entries.ok()) {
-      error = entries.status().message();
-    } else {
+    const Result<std::string> answer = [&]() -> Result<std::string> {
+      auto entries = Ledger::Query(ledger->path(), q);
+      if (!entries.ok()) return entries.status().WithPrefix("slurm-comment");
       const std::string comment = SlurmUsageComment(*entries);
-      Status set = SetSlurmAdminComment(job, comment);
-      if (set.ok()) {
-        spdlog::info("Slurm job {}: AdminComment {}", job, comment);
-        answer = nlohmann::json{{"job", job}, {"tenant", *q.tenant}, {"admin_comment", comment}}
-                     .dump(-1, ' ', false, kReplaceBadUtf8);
-      } else {
+      if (Status set = SetSlurmAdminComment(job, comment); !set.ok()) {
         spdlog::warn("Slurm job {}: AdminComment not set: {}", job, set.message());
-        error = set.message();
+        return set.WithPrefix("slurm-comment");
       }
-    }
-    capnp::MallocMessageBuilder b;
-    auto rep = b.initRoot<wire::Reply>();
-    rep.setSeq(seq);
-    rep.setStatus(error.empty() ? CL_SUCCESS : CL_INVALID_OPERATION);
-    if (error.empty()) {
-      rep.setAdmin(answer);
-    } else {
-      rep.setMessage("gmuxd: slurm-comment: " + error);
-    }
-    auto frame = proto::EncodeFrame(proto::FrameKind::kReply, b, limits);
-    if (frame.ok()) {
-      SendBefore(fd, *frame, std::chrono::steady_clock::now() + std::chrono::seconds(5))
-          .IgnoreError();
-    }
-    ::close(fd);
+      spdlog::info("Slurm job {}: AdminComment {}", job, comment);
+      return nlohmann::json{{"job", job}, {"tenant", *q.tenant}, {"admin_comment", comment}}
+          .dump(-1, ' ', false, kReplaceBadUtf8);
+    }();
+    SendAdminAnswer(fd, seq, answer, limits,
+                    std::chrono::steady_clock::now() + std::chrono::seconds(5));
     std::lock_guard<std::mutex> lock(in_flight->mu);
     in_flight->jobs.erase(job);
     in_flight->cv.notify_all();
