@@ -64,6 +64,33 @@ std::optional<json> Tenants(const std::string& socket, std::string& error) {
 
 std::string TenantName(uint64_t job) { return "job-" + std::to_string(job); }
 
+std::chrono::steady_clock::time_point WaitDeadline(const SlurmOptions& o) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(o.wait_s));
+}
+
+// Waits (until o.wait_s has passed) for the job's tenant to have no sessions: whether gmuxd
+// knows the tenant; nullopt, with `error`, when gmuxd could not be asked.
+std::optional<bool> WaitForNoSessions(const SlurmOptions& o, std::string& error) {
+  const std::string name = TenantName(o.job);
+  const auto deadline = WaitDeadline(o);
+  for (;;) {
+    auto list = Tenants(o.socket, error);
+    if (!list) return std::nullopt;
+    bool known = false;
+    int sessions = 0;
+    for (const auto& t : list->value("tenants", json::array())) {
+      if (t.value("name", std::string()) == name) {
+        known = true;
+        sessions = t.value("sessions", 0);
+      }
+    }
+    if (!known || sessions == 0 || std::chrono::steady_clock::now() >= deadline) return known;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -134,24 +161,9 @@ int Epilog(const SlurmOptions& o) {
   const std::string name = TenantName(o.job);
   std::string error;
   // The job's processes are gone; their sessions end as gmuxd notices.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(o.wait_s);
-  bool known = false;
-  for (;;) {
-    auto list = Tenants(o.socket, error);
-    if (!list) return Fail("epilog", error);
-    int sessions = 0;
-    known = false;
-    for (const auto& t : list->value("tenants", json::array())) {
-      if (t.value("name", std::string()) == name) {
-        known = true;
-        sessions = t.value("sessions", 0);
-      }
-    }
-    if (!known || sessions == 0 || std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  if (!known) {
+  const std::optional<bool> known = WaitForNoSessions(o, error);
+  if (!known) return Fail("epilog", error);
+  if (!*known) {
     std::cout << "gmux slurm epilog: job " << o.job << " was no tenant\n";
     return 0;
   }
@@ -199,18 +211,8 @@ int Epilog(const SlurmOptions& o) {
 // the job runs, so the root Epilog cannot).
 int TaskEpilog(const SlurmOptions& o) {
   std::string error;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(o.wait_s);
-  for (;;) {
-    auto list = Tenants(o.socket, error);
-    if (!list) return Fail("taskepilog", error);
-    int sessions = 0;
-    for (const auto& t : list->value("tenants", json::array())) {
-      if (t.value("name", std::string()) == TenantName(o.job)) sessions = t.value("sessions", 0);
-    }
-    if (sessions == 0 || std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const auto deadline = WaitDeadline(o);
+  if (!WaitForNoSessions(o, error)) return Fail("taskepilog", error);
   // The tasks of one step end together: a write refused as too soon is tried again (the last
   // one must carry the job's total).
   for (;;) {

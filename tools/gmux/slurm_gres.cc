@@ -7,19 +7,40 @@
 namespace gmux::cli {
 namespace {
 
+// A decimal of at most `max_digits` digits and nothing else; nullopt otherwise.
+std::optional<uint64_t> Decimal(std::string_view s, size_t max_digits) {
+  if (s.empty() || s.size() > max_digits ||
+      s.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  return std::stoull(std::string(s));
+}
+
+// The items of a comma-separated list, not splitting inside open...close (Slurm's "(IDX:0,1)"
+// after a GRES, "[01-04,07]" in a node list).
+std::vector<std::string_view> TopLevelItems(std::string_view list, char open, char close) {
+  std::vector<std::string_view> items;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= list.size(); ++i) {
+    const char c = i < list.size() ? list[i] : ',';
+    if (c == open) ++depth;
+    if (c == close) --depth;
+    if (c != ',' || depth > 0) continue;
+    items.push_back(list.substr(start, i - start));
+    start = i + 1;
+  }
+  return items;
+}
+
 // "name[:type]:count[(...)]" → name and count (0 when the count is not a number).
 std::pair<std::string, uint64_t> GresItem(std::string_view item) {
   const size_t paren = item.find('(');
   if (paren != std::string_view::npos) item = item.substr(0, paren);
   const size_t first = item.find(':');
   if (first == std::string_view::npos) return {std::string(item), 1};  // "gpu" alone is one
-  const std::string name(item.substr(0, first));
-  const std::string count(item.substr(item.rfind(':') + 1));
-  if (count.empty() || count.find_first_not_of("0123456789") != std::string::npos ||
-      count.size() > 12) {
-    return {name, 0};
-  }
-  return {name, std::stoull(count)};
+  return {std::string(item.substr(0, first)),
+          Decimal(item.substr(item.rfind(':') + 1), 12).value_or(0)};
 }
 
 // The value of `key=` on `line` up to the next space ("" when absent).
@@ -55,31 +76,16 @@ std::vector<std::string_view> Lines(std::string_view text) {
 SlurmGres ParseGresList(std::string_view list) {
   SlurmGres g;
   if (list == "(null)") return g;
-  int depth = 0;
-  size_t start = 0;
-  for (size_t i = 0; i <= list.size(); ++i) {
-    const char c = i < list.size() ? list[i] : ',';
-    if (c == '(') ++depth;
-    if (c == ')') --depth;
-    if (c != ',' || depth > 0) continue;
-    const auto [name, count] = GresItem(list.substr(start, i - start));
+  for (std::string_view item : TopLevelItems(list, '(', ')')) {
+    const auto [name, count] = GresItem(item);
     if (name == "gpu") g.gpus += count;
     if (name == "shard") g.shards += count;
-    start = i + 1;
   }
   return g;
 }
 
 bool InHostlist(std::string_view list, std::string_view node) {
-  int depth = 0;
-  size_t start = 0;
-  for (size_t i = 0; i <= list.size(); ++i) {
-    const char c = i < list.size() ? list[i] : ',';
-    if (c == '[') ++depth;
-    if (c == ']') --depth;
-    if (c != ',' || depth > 0) continue;
-    const std::string_view item = list.substr(start, i - start);
-    start = i + 1;
+  for (std::string_view item : TopLevelItems(list, '[', ']')) {
     const size_t open = item.find('['), close = item.find(']');
     if (open == std::string_view::npos || close == std::string_view::npos || close < open) {
       if (item == node) return true;
@@ -93,26 +99,17 @@ bool InHostlist(std::string_view list, std::string_view node) {
     }
     const std::string_view digits =
         node.substr(prefix.size(), node.size() - prefix.size() - suffix.size());
-    if (digits.find_first_not_of("0123456789") != std::string_view::npos || digits.size() > 9) {
-      continue;
-    }
-    const long n = std::stol(std::string(digits));
-    std::string_view ranges = item.substr(open + 1, close - open - 1);
-    while (!ranges.empty()) {
-      const size_t comma = ranges.find(',');
-      const std::string_view r = ranges.substr(0, comma);
-      ranges = comma == std::string_view::npos ? std::string_view() : ranges.substr(comma + 1);
+    const std::optional<uint64_t> n = Decimal(digits, 9);
+    if (!n) continue;
+    for (std::string_view r : TopLevelItems(item.substr(open + 1, close - open - 1), '[', ']')) {
       const size_t dash = r.find('-');
       const std::string_view lo = r.substr(0, dash);
       const std::string_view hi = dash == std::string_view::npos ? lo : r.substr(dash + 1);
-      if (lo.empty() || hi.empty() || lo.size() > 9 || hi.size() > 9 ||
-          lo.find_first_not_of("0123456789") != std::string_view::npos ||
-          hi.find_first_not_of("0123456789") != std::string_view::npos) {
-        continue;
-      }
+      const std::optional<uint64_t> from = Decimal(lo, 9), to = Decimal(hi, 9);
+      if (!from || !to) continue;
       // Zero-padded ranges name zero-padded nodes ("n[01-04]" is n01..n04, not n1).
       if (lo.size() > 1 && lo[0] == '0' && digits.size() != lo.size()) continue;
-      if (n >= std::stol(std::string(lo)) && n <= std::stol(std::string(hi))) return true;
+      if (*n >= *from && *n <= *to) return true;
     }
   }
   return false;
