@@ -92,8 +92,9 @@ class EventRecord {
   std::vector<Waiter> waiters_;
 };
 
-struct SessionCore;  // session.h
-class Residency;     // residency.h
+struct SessionCore;      // session.h
+class Residency;         // residency.h
+struct RemoteTransfer;   // remote_copy.h
 
 struct Command {
   std::shared_ptr<SessionCore> session;  // closed sessions' commands are skipped, not run
@@ -113,6 +114,10 @@ struct Command {
   std::function<cl_int(cl_command_queue q, const std::vector<cl_event>& waits,
                        const core::WorkRange& range, cl_event* out)>
       run_chunk;
+
+  // A transfer by remote copy (remote_copy.h): its device time runs from the map's START, and
+  // a failed copy fails the command even though the backend's events completed.
+  std::shared_ptr<RemoteTransfer> remote;
 
   // Executor-thread state of a launch being run in chunks.
   Ref<cl_event> last_chunk;             // each chunk waits for the previous one

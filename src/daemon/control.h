@@ -105,7 +105,7 @@ struct Assign {
   uint32_t tenant = 0;
   uint32_t tcp = 0;
   uint32_t max_payload_bytes = 0;
-  uint32_t reserved = 0;
+  uint32_t peer_pid = 0;  // a Unix client's pid (SO_PEERCRED, gmuxd's pid namespace), else 0
   Limits limits;
   // Resource limits the worker sets on itself (hard and soft) before it serves the session;
   // 0: left as they are.
@@ -115,6 +115,10 @@ struct Assign {
   // Devices lent whole from the pool (bit i: backend device i); the tenant sees them as one
   // device, the lowest of them (docs/operations.md, "Device pool").
   uint64_t pool_mask = 0;
+  // The client's probe (wire::Hello): the worker copies straight from and to the client's
+  // memory only when it can read `probe_cookie` at `probe` in the process `peer_pid`.
+  uint64_t probe = 0;
+  uint64_t probe_cookie = 0;
 };
 
 struct Ready {

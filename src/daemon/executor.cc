@@ -1,5 +1,7 @@
 #include "daemon/executor.h"
 
+#include "daemon/remote_copy.h"
+
 #include <algorithm>
 
 #include "daemon/session.h"
@@ -108,6 +110,7 @@ void Executor::Enqueue(Job job) {
     } else {
       entry->ev = Adopt(ev);
       if (j.whole) {
+        if (cmd->remote && cmd->remote->map) cmd->event->SetFirstBackend(cmd->remote->map);
         cmd->event->SetBackend(entry->ev);
       } else {
         if (first) cmd->event->SetFirstBackend(entry->ev);
@@ -143,7 +146,9 @@ void Executor::Deliver() {
     if (e->ev && e->status >= 0) {
       cl_ulong start = 0, end = 0;
       const auto& d = Dispatch(e->ev->h);
-      if (d.clGetEventProfilingInfo(e->ev->h, CL_PROFILING_COMMAND_START, sizeof(start), &start,
+      // A remote copy's time is the map's, the copy's and the unmap's together.
+      cl_event first = c.remote && c.remote->map ? c.remote->map->h : e->ev->h;
+      if (d.clGetEventProfilingInfo(first, CL_PROFILING_COMMAND_START, sizeof(start), &start,
                                     nullptr) == CL_SUCCESS &&
           d.clGetEventProfilingInfo(e->ev->h, CL_PROFILING_COMMAND_END, sizeof(end), &end,
                                     nullptr) == CL_SUCCESS &&
@@ -152,6 +157,9 @@ void Executor::Deliver() {
       }
     }
     cl_int status = e->status >= 0 ? CL_COMPLETE : e->status;
+    if (status == CL_COMPLETE && c.remote && c.remote->status.load() < 0) {
+      status = c.remote->status.load();
+    }
     if (!e->job.whole) {
       if (status < 0 && c.chunk_status == CL_SUCCESS) c.chunk_status = status;
       if (e->job.last) {

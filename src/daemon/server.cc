@@ -627,6 +627,7 @@ void Server::Accept(int listen_fd, bool tcp) {
       }
       p->uid = cred.uid;
       p->gid = cred.gid;
+      p->pid = cred.pid;
       p->origin = "uid " + std::to_string(cred.uid);
       // A process of a Slurm job is that job's tenant (when one is registered), by the kernel's
       // view of the connecting pid (slurm.h: a pid reused by another user counts for nothing).
@@ -805,6 +806,8 @@ bool Server::OnFrame(Pending& p) {
       agent = req.getHello().getFrameAgent();
       program = req.getHello().getProgram();
       renderer = req.getHello().getRenderer();
+      p.probe = req.getHello().getProbe();
+      p.probe_cookie = req.getHello().getProbeCookie();
     }
   })) {
     ReplyError(p.fd, 0, "gmuxd: malformed hello");
@@ -1288,6 +1291,11 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
   a.rlimit_nofile = p->tenant.limits.worker_open_files;
   std::strncpy(a.tenant_name, p->tenant.name.c_str(), sizeof(a.tenant_name) - 1);
   a.pool_mask = pool_mask_;
+  if (!p->tcp) {
+    a.peer_pid = static_cast<uint32_t>(p->pid);
+    a.probe = p->probe;
+    a.probe_cookie = p->probe_cookie;
+  }
   // The client's socket goes to the worker (blocking, as the worker reads it); the broker keeps
   // no copy.
   ::fcntl(p->fd, F_SETFL, ::fcntl(p->fd, F_GETFL) & ~O_NONBLOCK);

@@ -17,6 +17,9 @@ struct Server::Pending {
   bool tcp = false;
   uid_t uid = 0;
   gid_t gid = 0;
+  pid_t pid = 0;           // a Unix peer's pid (SO_PEERCRED)
+  uint64_t probe = 0;      // the hello's remote-copy probe (wire::Hello), handed to the worker
+  uint64_t probe_cookie = 0;
   uint64_t slurm_job = 0;  // the Slurm job of a Unix peer (slurm.h), 0 when none
   std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
   std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address

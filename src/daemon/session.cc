@@ -1,5 +1,7 @@
 #include "daemon/session.h"
 
+#include "daemon/remote_copy.h"
+
 #include "proto/image_layout.h"
 
 #include "daemon/kernel_scan.h"
@@ -1671,6 +1673,32 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
               ra.hrp, ra.hsp, data->bytes.data(), static_cast<cl_uint>(w.size()),
               w.empty() ? nullptr : w.data(), out);
         };
+      } else if (wb.getRemote() != 0) {
+        // One copy: the worker reads the client's memory when the write runs (remote_copy.h).
+        if (!core_->remote) return fail({CL_INVALID_OPERATION, "remote copy is not enabled"});
+        if (wb.getOffset() > m->size || wb.getSize() > m->size - wb.getOffset() || wb.getSize() == 0) {
+          return fail({CL_INVALID_VALUE, "write outside the buffer"});
+        }
+        auto transfer = std::make_shared<RemoteTransfer>();
+        cmd->remote = transfer;
+        cmd->run = [mem = m->mem, off = wb.getOffset(), n = wb.getSize(), at = wb.getRemote(),
+                    copier = core_->remote, transfer](cl_command_queue cq,
+                                                      const std::vector<cl_event>& w,
+                                                      cl_event* out) {
+          return EnqueueRemoteCopy(cq, mem->h, /*to_device=*/true, off, n, at, copier, transfer,
+                                   w, out);
+        };
+        cmd->block.kind = core::BlockKind::kCopy;
+        cmd->block.bytes = wb.getSize();
+        cmd->finished = [core = core_, transfer, seq](cl_int status) {
+          // A non-blocking write's failure is reported unasked too (the next blocking call
+          // returns it), as well as through its event.
+          if (seq == 0 && status == CL_COMPLETE) return;
+          core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status,
+                           status == CL_COMPLETE ? "" : transfer->message);
+        };
+        replied = seq != 0;
+        break;
       } else {
         if (wb.getOffset() > m->size || wb.getSize() > m->size - wb.getOffset() || wb.getSize() == 0) {
           return fail({CL_INVALID_VALUE, "write outside the buffer"});
@@ -1714,6 +1742,28 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
           return fail({CL_INVALID_VALUE, "read outside the buffer"});
         }
         host_bytes = rb.getSize();
+      }
+      if (rb.getRemote() != 0) {
+        // One copy: the worker writes the client's memory when the read runs (remote_copy.h).
+        if (!core_->remote) return fail({CL_INVALID_OPERATION, "remote copy is not enabled"});
+        if (rect) return fail({CL_INVALID_VALUE, "a rectangle read cannot be copied remotely"});
+        auto transfer = std::make_shared<RemoteTransfer>();
+        cmd->remote = transfer;
+        cmd->run = [mem = m->mem, off = rb.getOffset(), n = host_bytes, at = rb.getRemote(),
+                    copier = core_->remote, transfer](cl_command_queue cq,
+                                                      const std::vector<cl_event>& w,
+                                                      cl_event* out) {
+          return EnqueueRemoteCopy(cq, mem->h, /*to_device=*/false, off, n, at, copier, transfer,
+                                   w, out);
+        };
+        cmd->finished = [core = core_, transfer, seq](cl_int status) {
+          core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status,
+                           status == CL_COMPLETE ? "" : transfer->message);
+        };
+        cmd->block.kind = core::BlockKind::kCopy;
+        cmd->block.bytes = host_bytes;
+        replied = true;
+        break;
       }
       std::shared_ptr<HostBuffer> staging;
       const bool shm = rb.getShm();
@@ -2240,7 +2290,7 @@ Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids
 }
 
 void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std::string& tenant,
-                     uint64_t session, uint64_t pool_mask) {
+                     uint64_t session, uint64_t pool_mask, bool remote_copy) {
   auto rep = b.initRoot<wire::Reply>();
   rep.setSeq(1);
   rep.setStatus(CL_SUCCESS);
@@ -2248,6 +2298,7 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setProtocolVersion(proto::kProtocolVersion);
   h.setTenant(tenant);
   h.setSession(session);
+  h.setRemoteCopy(remote_copy);
   const auto& devs = backend.devices();
   // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).
   std::vector<unsigned> shown;

@@ -32,6 +32,8 @@
 
 namespace gmux::daemon {
 
+class RemoteCopier;  // remote_copy.h
+
 // Host memory the daemon stages transfers in. Never zero-filled: every byte is written (by the
 // client's sequential bulk data, or by the device) before it is used.
 // Or a client's sealed memfd mapped shared (local clients' bulk transfers).
@@ -81,6 +83,8 @@ struct SessionCore {
   std::string tenant_name;
   bool tcp = false;  // a TCP client: bulk data only inline, never shared memory
   uint64_t pool_mask = 0;  // the pool's devices (bit i: device i); the tenant sees the lowest
+  // Set when the worker may copy straight from and to the client's memory (remote_copy.h).
+  std::shared_ptr<RemoteCopier> remote;
   proto::FrameLimits limits;
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session
@@ -292,8 +296,9 @@ inline bool PoolHidden(uint64_t pool_mask, uint32_t i) {
 
 // The hello reply: the protocol version, the tenant, the session and the backend's devices
 // (the pool's as one, docs/operations.md "Device pool").
+// `remote_copy`: the worker may copy straight from and to the client (remote_copy.h).
 void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std::string& tenant,
-                     uint64_t session, uint64_t pool_mask = 0);
+                     uint64_t session, uint64_t pool_mask = 0, bool remote_copy = false);
 
 // Maps a daemon Status to the OpenCL code sent on the wire (the one place this happens).
 cl_int StatusToCl(const Status& status);

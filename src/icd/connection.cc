@@ -6,6 +6,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -111,6 +113,34 @@ int ConnectRemote(const std::string& address) {
   return *fd;
 }
 
+// The remote-copy probe (wire::Hello): 8 bytes the worker must read back from this process.
+uint64_t remote_probe = 0;
+
+// Offers remote copy at hello: fills the probe, and under Yama's ptrace_scope 1 names gmuxd
+// (the socket's peer, whose children the workers are) as a process that may read this one.
+// GMUX_REMOTE_COPY=0 keeps every transfer on the shared-memory path.
+bool OfferRemoteCopy(int fd) {
+  if (const char* e = std::getenv("GMUX_REMOTE_COPY"); e != nullptr && std::strcmp(e, "0") == 0) {
+    return false;
+  }
+  if (remote_probe == 0) {
+    uint64_t v = 0;
+    if (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) return false;
+    remote_probe = v | 1;  // never 0
+  }
+  if (FILE* f = std::fopen("/proc/sys/kernel/yama/ptrace_scope", "r")) {
+    int scope = 0;
+    const bool one = std::fscanf(f, "%d", &scope) == 1 && scope == 1;
+    std::fclose(f);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (one && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.pid > 0) {
+      ::prctl(PR_SET_PTRACER, static_cast<unsigned long>(cred.pid), 0, 0, 0);
+    }
+  }
+  return true;
+}
+
 // Reader limits for the daemon's replies: bounded, like every decode, but generous, since the
 // daemon is trusted and a legitimate large reply must never fail while being read.
 proto::FrameLimits ReplyLimits() {
@@ -157,6 +187,10 @@ Connection* Connection::Connect() {
   h.setPid(static_cast<uint32_t>(::getpid()));
   h.setClientName("libgmux-icd");
   if (tcp) h.setToken(token);
+  if (!tcp && OfferRemoteCopy(fd)) {
+    h.setProbe(reinterpret_cast<uintptr_t>(&remote_probe));
+    h.setProbeCookie(remote_probe);
+  }
   if (!proto::WriteFrame(fd, proto::FrameKind::kRequest, b).ok()) {
     ::close(fd);
     return nullptr;
@@ -173,6 +207,7 @@ Connection* Connection::Connect() {
     auto rep = msg->root<wire::Reply>();
     if (rep.getStatus() != CL_SUCCESS || !rep.isHello()) return;
     conn->tenant_ = rep.getHello().getTenant();
+    conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
     }
@@ -190,8 +225,10 @@ Connection* Connection::Connect() {
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
   conn->fd_ = fd;
   // Descriptors cannot cross TCP: bulk data goes inline there.
+  // GMUX_SHM=0: every byte inline in the stream (no shared memory, no remote copy either).
   if (const char* e = std::getenv("GMUX_SHM"); tcp || (e != nullptr && std::strcmp(e, "0") == 0)) {
     conn->shm_enabled_ = false;
+    conn->remote_copy_ = false;
   }
   std::thread([conn] { conn->ReceiveLoop(); }).detach();
   std::thread([conn] { conn->CallbackLoop(); }).detach();

@@ -95,6 +95,17 @@ class Connection {
 
   static constexpr size_t kShmMinBytes = 1u << 20;
 
+  // Whether a buffer read or write of `size` bytes should name the application's memory for
+  // the worker to copy straight to or from (daemon/remote_copy.h): the worker said it may, and
+  // the transfer is large enough to gain. A blocking write below kRemoteWriteMinBytes returns
+  // sooner through the stream or shared memory (copied out, it need not wait for the device);
+  // a read always waits, and one copy wins from 64 KiB (docs/performance.md, "One copy").
+  bool UseRemote(size_t size, bool write) const {
+    return remote_copy_ && size >= (write ? kRemoteWriteMinBytes : kRemoteReadMinBytes);
+  }
+  static constexpr size_t kRemoteReadMinBytes = 64u << 10;
+  static constexpr size_t kRemoteWriteMinBytes = 4u << 20;
+
   // The first asynchronous error the daemon reported since the last call (CL_SUCCESS if none).
   cl_int TakeAsyncError();
 
@@ -128,6 +139,7 @@ class Connection {
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
+  bool remote_copy_ = false;  // the worker read the hello's probe; GMUX_REMOTE_COPY=0 says no
   std::vector<DeviceDesc> devices_;
   std::string tenant_;
   std::atomic<uint64_t> next_id_{1};

@@ -21,14 +21,25 @@ void SetRect(wire::Rect::Builder r, const size_t* buffer_origin, const size_t* h
 
 }  // namespace
 
-cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool, size_t offset,
-                                      size_t size, const void* ptr, cl_uint nwait,
+cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool blocking,
+                                      size_t offset, size_t size, const void* ptr, cl_uint nwait,
                                       const cl_event* waits, cl_event* event) {
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
+  if (enq.conn().UseRemote(size, /*write=*/true)) {
+    // One copy: the worker reads `ptr` when the write runs, so a blocking write waits for it;
+    // a non-blocking one leaves `ptr` to the worker until its event completes, as OpenCL says.
+    auto w = enq.cmd().initWriteBuffer();
+    w.setMem(m->id);
+    w.setOffset(offset);
+    w.setSize(size);
+    w.setRemote(reinterpret_cast<uintptr_t>(ptr));
+    if (!blocking) return enq.Post();
+    return enq.conn().Wait(enq.Begin(nullptr, 0, true));
+  }
   // The data is copied out now, so a blocking write returns as soon as it is sent.
   ShmBuffer held;
   uint64_t token = enq.conn().SendBulk(ptr, size, &held);
@@ -53,6 +64,12 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
   r.setMem(m->id);
   r.setOffset(offset);
   r.setSize(size);
+  if (enq.conn().UseRemote(size, /*write=*/false)) {
+    // One copy: the worker writes `ptr` itself when the read runs; the reply is a status.
+    r.setRemote(reinterpret_cast<uintptr_t>(ptr));
+    uint64_t seq = enq.Begin(nullptr, 0, blocking);
+    return blocking ? enq.conn().Wait(seq) : CL_SUCCESS;
+  }
   uint64_t seq = enq.BeginRead(r, ptr, size, blocking);
   return blocking ? enq.conn().Wait(seq) : CL_SUCCESS;
 }

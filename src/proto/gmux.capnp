@@ -111,6 +111,12 @@ struct Hello {
                            # gmuxd's frame controller; only FrameReport may follow
   program @6 :Text;        # frame agent: the program's name (shown by `gmux status`)
   renderer @7 :Text;       # frame agent: GL_RENDERER of its context (picks the device's policy)
+  # Local sessions: where the worker may copy straight between the client's memory and the
+  # device (docs/protocol.md, "One copy per transfer"). `probe` is the address of 8 bytes
+  # holding `probeCookie` in the client; the worker reads them from the peer's pid to learn
+  # whether it may (same uid, the client dumpable, ptrace rules).
+  probe @8 :UInt64;
+  probeCookie @9 :UInt64;
 }
 
 struct DeviceSummary {
@@ -124,6 +130,7 @@ struct HelloReply {
   tenant @1 :Text;
   session @2 :UInt64;
   devices @3 :List(DeviceSummary);
+  remoteCopy @4 :Bool;     # the worker read the probe: WriteBuffer/ReadBuffer may name `remote`
 }
 
 struct GetInfo {
@@ -307,6 +314,9 @@ struct WriteBuffer {
   bulk @3 :UInt64;                 # token of the data (BulkBegin/BulkData sent before)
   rect @4 :Rect;                   # set for clEnqueueWriteBufferRect (the bulk holds the host region)
   isRect @5 :Bool;
+  remote @6 :UInt64;               # nonzero (sessions with remoteCopy): no bulk; the worker
+                                   # copies `size` bytes from this address of the client when the
+                                   # write runs (a blocking write is answered then)
 }
 
 struct ReadBuffer {
@@ -317,6 +327,8 @@ struct ReadBuffer {
   isRect @4 :Bool;
   shm @5 :Bool;      # local clients: write the data into the sealed memfd passed with this
                      # frame and answer with a plain status instead of ReadData
+  remote @6 :UInt64; # nonzero (sessions with remoteCopy): the worker copies the data to this
+                     # address of the client and answers with a plain status
 }
 
 struct CopyBuffer {

@@ -18,8 +18,10 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -1504,6 +1506,80 @@ TEST_F(IsolationTest, SharedMemoryTransfersAreNotBoundByTheStagingLimit) {
   o = inl.Wait(55s);
   EXPECT_TRUE(o.ok()) << "inline transfers over the limit: " << o.Describe();
   ExpectAlive("after transfers over the staging limit");
+}
+
+// One copy per transfer (daemon/remote_copy.h) lets a worker read and write its client's
+// memory; never the other way. A tenant's processes run as its worker's uid, yet cannot read or
+// write the worker's memory (process_vm_readv, /proc/PID/mem): the worker is not dumpable, so a
+// tenant cannot make it forge its reports to gmuxd. The tenant's own transfers still take the
+// one-copy path and arrive intact; a client that is itself not dumpable (so its worker may not
+// read it) is served through shared memory instead, just as correctly.
+TEST_F(IsolationTest, ATenantCannotTouchItsWorkersMemoryAndTransfersStillArrive) {
+  if (!RunningAsRoot()) GTEST_SKIP() << "needs root: tenants must run under a uid without CAP_SYS_PTRACE";
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(""));
+  constexpr size_t kBytes = 8u << 20;
+  auto body = [](bool dumpable) {
+    return [dumpable](Channel& ch) -> int {
+      // (A process that dropped root's uid without exec is not dumpable until it says so.)
+      ::prctl(PR_SET_DUMPABLE, dumpable ? 1 : 0, 0, 0, 0);
+      GmuxDevice d;
+      if (!OpenGmux(d)) return 50;
+      std::vector<uint32_t> data(kBytes / 4), back(kBytes / 4, 0);
+      for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint32_t>(i * 2654435761u);
+      cl_int err = CL_SUCCESS;
+      cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kBytes, nullptr, &err);
+      if (m == nullptr) return 51;
+      if (clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, kBytes, data.data(), 0, nullptr,
+                               nullptr) != CL_SUCCESS ||
+          clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, kBytes, back.data(), 0, nullptr,
+                              nullptr) != CL_SUCCESS) {
+        return 52;
+      }
+      if (back != data) return 53;
+      // Every gmux-worker of this uid (its own among them): not readable, not writable.
+      int workers = 0;
+      for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+        const std::string name = e.path().filename();
+        if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+        std::ifstream comm(e.path() / "comm");
+        std::string c;
+        std::getline(comm, c);
+        struct stat st{};
+        if (c != "gmux-worker" || ::stat(e.path().c_str(), &st) != 0) continue;
+        const pid_t pid = static_cast<pid_t>(std::stol(name));
+        uint64_t word = 0, local = 0;
+        iovec l{&local, sizeof(local)}, r{&word, sizeof(word)};
+        // EPERM is the kernel refusing; anything else (EFAULT for an address the worker does
+        // not map included) means it let this process in.
+        if (::process_vm_readv(pid, &l, 1, &r, 1, 0) >= 0 || (errno != EPERM && errno != ESRCH)) {
+          return 61;
+        }
+        if (::process_vm_writev(pid, &l, 1, &r, 1, 0) >= 0 || (errno != EPERM && errno != ESRCH)) {
+          return 62;
+        }
+        const int fd = ::open((e.path() / "mem").c_str(), O_RDWR);
+        if (fd >= 0) return 63;
+        ++workers;
+      }
+      ch.Send(workers);
+      clReleaseMemObject(m);
+      return 0;
+    };
+  };
+  for (bool dumpable : {true, false}) {
+    Child c = Spawn(1, 60, body(dumpable));
+    auto workers = c.Receive(50s);
+    Outcome o = c.Wait(50s);
+    EXPECT_TRUE(o.ok()) << (dumpable ? "dumpable" : "non-dumpable") << " client: " << o.Describe();
+    ASSERT_TRUE(workers.has_value());
+    EXPECT_GE(*workers, 1) << "the client's own worker runs as its uid";
+  }
+  // The non-dumpable client's worker, and only that one, said why it used shared memory.
+  const std::string log = daemon_.Log();
+  const size_t first = log.find("transfers through shared memory");
+  EXPECT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("transfers through shared memory", first + 1), std::string::npos) << log;
+  ExpectAlive("after probing workers' memory");
 }
 
 // ---- Device memory quotas ----

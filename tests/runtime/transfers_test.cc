@@ -1,9 +1,14 @@
-// Large transfers through gmux (shared memory for local clients; transfers_inline_test runs the
-// same with GMUX_SHM=0, inline in the stream): every byte arrives, in both directions, at
-// offsets, through blocking and non-blocking calls and map/unmap.
+// Large transfers through gmux: every byte arrives, in both directions, at offsets, through
+// blocking and non-blocking calls and map/unmap. Built four times: local clients as they run by
+// default (reads from 64 KiB and writes from 4 MiB copied straight between the application and
+// the device by the worker, daemon/remote_copy.h; smaller ones through shared memory or the
+// stream), transfers_shm_test (GMUX_REMOTE_COPY=0: shared memory only), transfers_inline_test
+// (GMUX_SHM=0: everything inline in the stream) and transfers_tcp_test (over TLS).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "runtime/runtime_env.h"
@@ -57,6 +62,111 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
   clReleaseMemObject(m);
 }
+
+// Sizes on both sides of every path's threshold (64 KiB, 1 MiB, 4 MiB, the copier's 2 MiB parts),
+// odd sizes, unaligned host pointers and buffer offsets, and sub-buffers.
+TEST(TransfersTest, EveryShapeArrivesIntact) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const size_t cap = (17u << 20) + 4096;
+  cl_int err;
+  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, cap, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  const size_t sizes[] = {1,           4096,         (64u << 10) - 1, 64u << 10,
+                          (64u << 10) + 5, (1u << 20) + 3, (4u << 20) - 1, 4u << 20,
+                          (4u << 20) + 7,  (9u << 20) + 1, 17u << 20};
+  uint32_t seed = 1;
+  for (size_t n : sizes) {
+    for (size_t off : {size_t{0}, size_t{3}, size_t{4096}}) {
+      if (off + n > cap) continue;
+      SCOPED_TRACE("size " + std::to_string(n) + " offset " + std::to_string(off));
+      // One byte past a word-aligned start: the application's pointers need not be aligned.
+      std::vector<uint8_t> src(n + 1), back(n + 2, 0xEE);
+      auto pat = Pattern((n + 4) / 4, ++seed);
+      std::memcpy(src.data() + 1, pat.data(), n);
+      ASSERT_EQ(clEnqueueWriteBuffer(d.queue, m, CL_TRUE, off, n, src.data() + 1, 0, nullptr,
+                                     nullptr), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, off, n, back.data() + 1, 0, nullptr,
+                                    nullptr), CL_SUCCESS);
+      ASSERT_EQ(0, std::memcmp(back.data() + 1, src.data() + 1, n));
+      ASSERT_EQ(back[0], 0xEE);  // nothing written around the application's range
+      ASSERT_EQ(back[n + 1], 0xEE);
+    }
+  }
+  // A sub-buffer at an offset: written through it, read through the parent and back.
+  const size_t sub_off = 1u << 20, sub_n = 6u << 20;
+  cl_buffer_region region{sub_off, sub_n};
+  cl_mem sub = clCreateSubBuffer(m, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  auto pat = Pattern(sub_n / 4, 99);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, sub, CL_TRUE, 0, sub_n, pat.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  std::vector<uint32_t> whole(sub_n / 4 + 2, 0);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, sub_off - 4, whole.size() * 4, whole.data(),
+                                0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_TRUE(std::equal(pat.begin(), pat.end(), whole.begin() + 1));
+  std::vector<uint32_t> via_sub(sub_n / 4 - 1, 0);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, sub, CL_TRUE, 4, via_sub.size() * 4, via_sub.data(), 0,
+                                nullptr, nullptr), CL_SUCCESS);
+  EXPECT_TRUE(std::equal(via_sub.begin(), via_sub.end(), pat.begin() + 1));
+  // Non-blocking in a row, in queue order: the last write wins, the read sees it.
+  auto a = Pattern((8u << 20) / 4, 5), b = Pattern((8u << 20) / 4, 6);
+  std::vector<uint32_t> got(a.size(), 0);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, a.size() * 4, a.data(), 0, nullptr,
+                                 nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, b.size() * 4, b.data(), 0, nullptr,
+                                 nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_FALSE, 0, got.size() * 4, got.data(), 0, nullptr,
+                                nullptr), CL_SUCCESS);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  EXPECT_EQ(got, b);
+  clReleaseMemObject(sub);
+  clReleaseMemObject(m);
+}
+
+#if !defined(GMUX_TEST_NO_SHM) && !defined(GMUX_TEST_NO_REMOTE) && !defined(GMUX_TEST_TCP)
+// Remote copy only (the other paths copy in the application's own process, where such a call
+// faults as it would natively): memory the application no longer maps fails the transfer with
+// an error, and the session goes on serving.
+TEST(TransfersTest, MemoryTheApplicationUnmappedIsAnErrorNotACrash) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const size_t n = 8u << 20;
+  cl_int err;
+  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  void* gone = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(gone, MAP_FAILED);
+  ::munmap(gone, n);
+  EXPECT_NE(clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n, gone, 0, nullptr, nullptr), CL_SUCCESS);
+  EXPECT_NE(clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, n, gone, 0, nullptr, nullptr), CL_SUCCESS);
+  // Non-blocking: the event fails (and the next blocking call reports it).
+  cl_event ev = nullptr;
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, n, gone, 0, nullptr, &ev), CL_SUCCESS);
+  clWaitForEvents(1, &ev);
+  cl_int status = CL_COMPLETE;
+  ASSERT_EQ(clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status, nullptr),
+            CL_SUCCESS);
+  EXPECT_LT(status, 0);
+  clReleaseEvent(ev);
+  clFinish(d.queue);
+  // Unmapped while a non-blocking read may be running: whatever it returns, nothing crashes.
+  void* racing = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(racing, MAP_FAILED);
+  clEnqueueReadBuffer(d.queue, m, CL_FALSE, 0, n, racing, 0, nullptr, nullptr);
+  ::munmap(racing, n);
+  clFinish(d.queue);
+  // The session still serves.
+  auto src = Pattern(n / 4, 3);
+  std::vector<uint32_t> back(n / 4, 0);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, n, src.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n, back.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(back, src);
+  clReleaseMemObject(m);
+}
+#endif
 
 }  // namespace
 }  // namespace gmux::testing

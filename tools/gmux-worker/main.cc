@@ -6,6 +6,7 @@
 // it), answers the client's hello, and then serves the client until the client leaves. It runs
 // only what gmuxd's scheduler releases (daemon/worker_queue.h). Not meant to be run by hand.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "daemon/backend.h"
 #include "daemon/control.h"
 #include "daemon/log.h"
+#include "daemon/remote_copy.h"
 #include "daemon/session.h"
 #include "daemon/worker_queue.h"
 
@@ -68,6 +70,11 @@ int main(int argc, char** argv) {
   }
   if (ctl_fd < 0) return Usage();
   ::signal(SIGPIPE, SIG_IGN);
+  // Not dumpable: the tenant this worker serves runs as the same uid, and must not ptrace it or
+  // write its memory through /proc (it would forge what the worker reports to gmuxd, or run
+  // commands the scheduler did not release). The worker may still read its client's memory
+  // (remote_copy.h): that needs the *client* to be dumpable, not the worker.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   auto backend = Backend::Open(backend_options);
   if (!backend.ok()) {
@@ -102,9 +109,19 @@ int main(int argc, char** argv) {
   core->tcp = a.tcp != 0;
   core->limits.max_payload_bytes = a.max_payload_bytes;
   core->pool_mask = a.pool_mask;
+  if (!core->tcp && a.probe != 0) {
+    std::string why;
+    core->remote = RemoteCopier::Open(static_cast<pid_t>(a.peer_pid), a.probe, a.probe_cookie,
+                                      &why);
+    if (!core->remote) {
+      spdlog::info("session {}: transfers through shared memory, not copied straight from the "
+                   "application ({})", core->id, why);
+    }
+  }
   {
     capnp::MallocMessageBuilder b;
-    BuildHelloReply(b, **backend, core->tenant_name, core->id, a.pool_mask);
+    BuildHelloReply(b, **backend, core->tenant_name, core->id, a.pool_mask,
+                    core->remote != nullptr);
     core->Send(b);
   }
   auto to_session = [](const ctl::Limits& l) {
