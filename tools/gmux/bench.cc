@@ -2,6 +2,7 @@
 
 #include <CL/cl.h>
 #include <signal.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -167,8 +168,15 @@ double PipelinedRate(Dev& d, int n) {
   return rate;
 }
 
-// Blocking writes, then blocking reads, of `bytes` from and into a std::vector: GB/s each.
-std::pair<double, double> Transfer(Dev& d, size_t bytes, size_t total) {
+struct TransferRun {
+  double write_gbps = 0, read_gbps = 0;
+  std::vector<double> write_us, read_us;  // each call's time
+};
+
+// Blocking writes, then blocking reads, of `bytes` from and into a std::vector: GB/s each, and
+// each call's time.
+TransferRun Transfer(Dev& d, size_t bytes, size_t total) {
+  TransferRun run;
   cl_int err = CL_SUCCESS;
   cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, bytes, nullptr, &err);
   Check(m != nullptr, d.label + ": clCreateBuffer of " + std::to_string(bytes) + " bytes");
@@ -177,22 +185,70 @@ std::pair<double, double> Transfer(Dev& d, size_t bytes, size_t total) {
   const size_t iters = std::max<size_t>(3, total / bytes);
   auto s = Clock::now();
   for (size_t i = 0; i < iters; ++i) {
+    const auto c = Clock::now();
     Check(clEnqueueWriteBuffer(d.q, m, CL_TRUE, 0, bytes, out.data(), 0, nullptr, nullptr) ==
               CL_SUCCESS, d.label + ": write");
+    run.write_us.push_back(Seconds(Clock::now() - c) * 1e6);
   }
   // A blocking write may return once the data is copied out (gmux's does): the writes are done
   // when the queue is, and the reads below must not pay for a backlog of them.
   Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish after the writes");
-  const double write = static_cast<double>(bytes * iters) / Seconds(Clock::now() - s) / 1e9;
+  run.write_gbps = static_cast<double>(bytes * iters) / Seconds(Clock::now() - s) / 1e9;
   s = Clock::now();
   for (size_t i = 0; i < iters; ++i) {
+    const auto c = Clock::now();
     Check(clEnqueueReadBuffer(d.q, m, CL_TRUE, 0, bytes, in.data(), 0, nullptr, nullptr) ==
               CL_SUCCESS, d.label + ": read");
+    run.read_us.push_back(Seconds(Clock::now() - c) * 1e6);
   }
-  const double read = static_cast<double>(bytes * iters) / Seconds(Clock::now() - s) / 1e9;
+  run.read_gbps = static_cast<double>(bytes * iters) / Seconds(Clock::now() - s) / 1e9;
   Check(in == out, d.label + ": the data read back differs from what was written");
   clReleaseMemObject(m);
-  return {write, read};
+  return run;
+}
+
+// `bytes` sent over a TCP connection on loopback from another process, as fast as it goes: the
+// plain socket copy a transfer over TCP is read against (GB/s; 0 when it could not run).
+double TcpLoopbackGbps(size_t bytes) {
+  int ls = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (ls < 0 || ::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::listen(ls, 1) != 0 || ::getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (ls >= 0) ::close(ls);
+    return 0;
+  }
+  constexpr size_t kChunk = 4u << 20;  // gmux's own bulk chunk
+  pid_t child = ::fork();
+  if (child == 0) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) ::_exit(1);
+    std::vector<char> buf(kChunk, 7);
+    for (size_t sent = 0; sent < bytes;) {
+      ssize_t w = ::send(fd, buf.data(), std::min(kChunk, bytes - sent), MSG_NOSIGNAL);
+      if (w <= 0) ::_exit(1);
+      sent += static_cast<size_t>(w);
+    }
+    ::_exit(0);
+  }
+  int fd = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
+  ::close(ls);
+  double gbps = 0;
+  if (fd >= 0) {
+    std::vector<char> buf(kChunk);
+    const auto s = Clock::now();
+    size_t got = 0;
+    for (ssize_t r; got < bytes && (r = ::recv(fd, buf.data(), buf.size(), 0)) > 0;) {
+      got += static_cast<size_t>(r);
+    }
+    if (got == bytes) gbps = static_cast<double>(bytes) / Seconds(Clock::now() - s) / 1e9;
+    ::close(fd);
+  }
+  int st = 0;
+  ::waitpid(child, &st, 0);
+  return gbps;
 }
 
 // A matrix multiply as a program does it: upload A and B, launch, download C (milliseconds).
@@ -497,17 +553,30 @@ int RunBench(const BenchOptions& o) {
     }
     out["transfers"] = json::array();
     for (size_t b : sizes) {
-      std::vector<double> w[2], rd[2];
+      std::vector<double> w[2], rd[2], wp50[2], wp99[2], rp50[2], rp99[2];
       for (int r = 0; r < repeat; ++r) {
         for (int i = 0; i < 2; ++i) {
-          auto [wr, re] = Transfer(*devs[i], b, total);
-          w[i].push_back(wr);
-          rd[i].push_back(re);
+          TransferRun t = Transfer(*devs[i], b, total);
+          w[i].push_back(t.write_gbps);
+          rd[i].push_back(t.read_gbps);
+          wp50[i].push_back(Percentile(t.write_us, 0.5));
+          wp99[i].push_back(Percentile(t.write_us, 0.99));
+          rp50[i].push_back(Percentile(t.read_us, 0.5));
+          rp99[i].push_back(Percentile(t.read_us, 0.99));
         }
       }
-      out["transfers"].push_back({{"bytes", b},
-                                  {"write_gbps", {{"native", Median(w[0])}, {"gmux", Median(w[1])}}},
-                                  {"read_gbps", {{"native", Median(rd[0])}, {"gmux", Median(rd[1])}}}});
+      json t = {{"bytes", b},
+                {"write_gbps", {{"native", Median(w[0])}, {"gmux", Median(w[1])}}},
+                {"read_gbps", {{"native", Median(rd[0])}, {"gmux", Median(rd[1])}}}};
+      for (int i = 0; i < 2; ++i) {
+        t["write_us"][names[i]] = {{"p50", Median(wp50[i])}, {"p99", Median(wp99[i])}};
+        t["read_us"][names[i]] = {{"p50", Median(rp50[i])}, {"p99", Median(rp99[i])}};
+      }
+      out["transfers"].push_back(t);
+    }
+    if (!o.address.empty() && !sizes.empty()) {
+      // Over TCP the bulk data is bounded by the socket's own speed: measured in the same run.
+      out["tcp_loopback_gbps"] = TcpLoopbackGbps(*std::max_element(sizes.begin(), sizes.end()));
     }
   } catch (const Failure& f) {
     std::cerr << "gmux bench: " << f.what << "\n";
@@ -539,6 +608,10 @@ int RunBench(const BenchOptions& o) {
     const double dn = t["read_gbps"]["native"], dg = t["read_gbps"]["gmux"];
     row("blocking write " + size + " (GB/s)", wn, wg, wg / wn, ">= 0.9");
     row("blocking read " + size + " (GB/s)", dn, dg, dg / dn, ">= 0.9");
+    const double wpn = t["write_us"]["native"]["p99"], wpg = t["write_us"]["gmux"]["p99"];
+    const double rpn = t["read_us"]["native"]["p99"], rpg = t["read_us"]["gmux"]["p99"];
+    row("  write " + size + " p99 (us)", wpn, wpg, wpg / wpn, "");
+    row("  read " + size + " p99 (us)", rpn, rpg, rpg / rpn, "");
   }
   const double mn = out["matmul_ms"]["native"], mg = out["matmul_ms"]["gmux"];
   row(std::to_string(mm) + "^2 matmul end to end (ms)", mn, mg, mg / mn, "<= 1.02");
@@ -547,6 +620,10 @@ int RunBench(const BenchOptions& o) {
   const double gn = out["work_group_query_us"]["native"], gg = out["work_group_query_us"]["gmux"];
   row("work-group size query p50 (us)", gn, gg, gn > 0 ? gg / gn : 0, "");
   std::printf("%-36s %12.1f\n", "Unix socket round trip p50 (us)", rtt);
+  if (out.contains("tcp_loopback_gbps")) {
+    std::printf("%-36s %12.4g  (the largest size, between two processes)\n",
+                "TCP loopback socket copy (GB/s)", out["tcp_loopback_gbps"].get<double>());
+  }
   return 0;
 }
 

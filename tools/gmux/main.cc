@@ -444,10 +444,12 @@ int main(int argc, char** argv) {
   bench->footer(
       "Workloads, each written as an ordinary program writes it (blocking calls, std::vector):\n"
       "a 1-work-item launch + clFinish (p50, p99), 20,000 launches then one clFinish, blocking\n"
-      "writes and reads of each size, a 512x512 matrix multiply end to end, a work-group size\n"
-      "query (clGetKernelWorkGroupInfo, as before each launch); every result is\n"
-      "checked. Also a 64-byte Unix socket round trip between two processes, the unit of the\n"
-      "latency goal. Exit 1 when a result is wrong or a call fails. Takes about a minute.");
+      "writes and reads of each size (GB/s; each call's p50 and p99 in --json, p99 shown), a\n"
+      "512x512 matrix multiply end to end, a work-group size query (clGetKernelWorkGroupInfo,\n"
+      "as before each launch); every result is checked. Also a 64-byte Unix socket round trip\n"
+      "between two processes, the unit of the latency goal, and with --address a plain TCP\n"
+      "socket copy on loopback, the bound for transfers over TCP. Exit 1 when a result is\n"
+      "wrong or a call fails. Takes about a minute.");
 
   try {
     app.parse(argc, argv);
