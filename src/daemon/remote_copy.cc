@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 namespace gmux::daemon {
 
@@ -47,13 +48,13 @@ std::shared_ptr<RemoteCopier> RemoteCopier::Open(pid_t pid, uint64_t probe, uint
 
 RemoteCopier::~RemoteCopier() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    queue_->stop = true;
   }
-  cv_.notify_all();
+  queue_->cv.notify_all();
   if (thread_.joinable()) {
     if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();  // the last job held the last reference
+      thread_.detach();  // the last job held the last reference; the loop ends by itself
     } else {
       thread_.join();
     }
@@ -67,7 +68,7 @@ bool RemoteCopier::ClientGone() const {
 }
 
 Status RemoteCopier::Copy(uint64_t remote, void* local, size_t n, bool to_client) {
-  if (ClientGone()) return Unavailable("the client has exited");
+  if (ClientGone()) return PermissionDenied("the client has exited");
   auto* at = static_cast<uint8_t*>(local);
   size_t done = 0;
   while (done < n) {
@@ -78,6 +79,12 @@ Status RemoteCopier::Copy(uint64_t remote, void* local, size_t n, bool to_client
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       const int err = got < 0 ? errno : EFAULT;
+      if (err == EPERM || err == ESRCH) {
+        // The kernel no longer lets this worker in (the client changed its uid or made itself
+        // not dumpable since hello): the client goes back to copying itself.
+        return PermissionDenied(std::string("the application's memory is no longer open to its "
+                                            "worker: ") + std::strerror(err));
+      }
       char where[64];
       std::snprintf(where, sizeof(where), "0x%llx",
                     static_cast<unsigned long long>(remote + done));
@@ -107,9 +114,13 @@ Status RemoteCopier::CopyParallel(uint64_t remote, void* local, size_t n, bool t
     const size_t from = i * part;
     if (from >= n) break;
     const size_t len = i + 1 == parts ? n - from : std::min(part, n - from);  // the last: the rest
-    helpers.emplace_back([this, &results, i, remote, at, from, len, to_client] {
-      results[i] = Copy(remote + from, at + from, len, to_client);
-    });
+    try {
+      helpers.emplace_back([this, &results, i, remote, at, from, len, to_client] {
+        results[i] = Copy(remote + from, at + from, len, to_client);
+      });
+    } catch (const std::system_error&) {
+      results[i] = Copy(remote + from, at + from, len, to_client);  // no thread: do it here
+    }
   }
   results[0] = Copy(remote, local, std::min(part, n), to_client);
   for (auto& h : helpers) h.join();
@@ -128,19 +139,31 @@ Status RemoteCopier::Write(uint64_t remote, const void* local, size_t n) {
 }
 
 void RemoteCopier::Post(std::function<void()> job) {
-  std::lock_guard<std::mutex> lock(mu_);
-  jobs_.push_back(std::move(job));
-  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
-  cv_.notify_one();
+  {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    if (!thread_.joinable()) {
+      try {
+        thread_ = std::thread(Loop, queue_);
+      } catch (const std::system_error&) {
+        // No thread to be had (the tenant's limits): the copy runs here instead.
+      }
+    }
+    if (thread_.joinable()) {
+      queue_->jobs.push_back(std::move(job));
+      queue_->cv.notify_one();
+      return;
+    }
+  }
+  job();
 }
 
-void RemoteCopier::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+void RemoteCopier::Loop(std::shared_ptr<Queue> q) {
+  std::unique_lock<std::mutex> lock(q->mu);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-    if (jobs_.empty()) return;  // stopping, nothing left
-    auto job = std::move(jobs_.front());
-    jobs_.pop_front();
+    q->cv.wait(lock, [&] { return q->stop || !q->jobs.empty(); });
+    if (q->jobs.empty()) return;  // stopping, nothing left
+    auto job = std::move(q->jobs.front());
+    q->jobs.pop_front();
     lock.unlock();
     job();
     job = nullptr;
@@ -176,9 +199,14 @@ void CL_CALLBACK Mapped(cl_event, cl_int status, void* user) {
       Status s = job->to_device ? job->copier->Read(job->remote, job->mapped, job->n)
                                 : job->copier->Write(job->remote, job->mapped, job->n);
       if (!s.ok()) {
-        // The unmap still runs (the mapping is given back); the command reports the failure.
+        // The unmap still runs (the mapping is given back); the command reports the failure:
+        // CL_INVALID_OPERATION when the worker may not copy at all (the ICD then stops asking),
+        // CL_INVALID_VALUE for memory it could not copy (the ICD copies itself if the
+        // application maps it: device memory, for example, cannot be pinned by the kernel).
         job->transfer->message = s.message();
-        job->transfer->status.store(CL_INVALID_VALUE);
+        job->transfer->status.store(s.code() == StatusCode::kPermissionDenied
+                                        ? CL_INVALID_OPERATION
+                                        : CL_INVALID_VALUE);
       }
     }
     d.clSetUserEventStatus(job->gate, gate);

@@ -66,15 +66,21 @@ class RemoteCopier {
   Status CopyParallel(uint64_t remote, void* local, size_t n, bool to_client);
   static constexpr size_t kMaxCopyThreads = 2;
   static constexpr size_t kMinPartBytes = 2u << 20;
-  void Loop();
+
+  // The copier thread's queue, shared with it: the thread may outlive this object (a job may
+  // drop the last reference), so it touches only this.
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> jobs;
+    bool stop = false;
+  };
+  static void Loop(std::shared_ptr<Queue> q);
 
   const pid_t pid_;
   const int pidfd_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool stop_ = false;
-  std::thread thread_;  // started by the first Post
+  std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();
+  std::thread thread_;  // started by the first Post (guarded by queue_->mu)
 };
 
 // A transfer's state shared by its enqueue, the copy and the delivery (Command::remote).

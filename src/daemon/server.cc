@@ -1129,6 +1129,13 @@ Result<Server::Spawned> Server::Spawn(const WorkerKey& key) {
     args.push_back("--platform");
     args.push_back(options_.backend.platform);
   }
+  const bool switch_user = root_ && key.uid != 0;
+  if (switch_user) {
+    // The worker takes the tenant's uid itself, after it made itself non-dumpable: dropping it
+    // here, before exec, left the new program dumpable (exec resets it) until its main() ran,
+    // long enough for the tenant to attach to it.
+    args.insert(args.end(), {"--uid", std::to_string(key.uid), "--gid", std::to_string(key.gid)});
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view v(*e);
@@ -1146,7 +1153,6 @@ Result<Server::Spawned> Server::Spawn(const WorkerKey& key) {
   argv.push_back(nullptr);
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  const bool switch_user = root_ && key.uid != 0;
   pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
@@ -1168,12 +1174,6 @@ Result<Server::Spawned> Server::Spawn(const WorkerKey& key) {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     rlimit core{0, 0};
     ::setrlimit(RLIMIT_CORE, &core);
-    if (switch_user) {
-      if (::setgroups(0, nullptr) != 0 || ::setresgid(key.gid, key.gid, key.gid) != 0 ||
-          ::setresuid(key.uid, key.uid, key.uid) != 0) {
-        ::_exit(125);
-      }
-    }
     ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);

@@ -187,7 +187,9 @@ Connection* Connection::Connect() {
   h.setPid(static_cast<uint32_t>(::getpid()));
   h.setClientName("libgmux-icd");
   if (tcp) h.setToken(token);
-  if (!tcp && OfferRemoteCopy(fd)) {
+  const char* shm_env = std::getenv("GMUX_SHM");
+  const bool no_shm = shm_env != nullptr && std::strcmp(shm_env, "0") == 0;
+  if (!tcp && !no_shm && OfferRemoteCopy(fd)) {
     h.setProbe(reinterpret_cast<uintptr_t>(&remote_probe));
     h.setProbeCookie(remote_probe);
   }

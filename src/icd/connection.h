@@ -101,8 +101,12 @@ class Connection {
   // sooner through the stream or shared memory (copied out, it need not wait for the device);
   // a read always waits, and one copy wins from 64 KiB (docs/performance.md, "One copy").
   bool UseRemote(size_t size, bool write) const {
-    return remote_copy_ && size >= (write ? kRemoteWriteMinBytes : kRemoteReadMinBytes);
+    return remote_copy_.load(std::memory_order_relaxed) &&
+           size >= (write ? kRemoteWriteMinBytes : kRemoteReadMinBytes);
   }
+  // The worker may no longer copy (the application changed its uid or dumpability): every
+  // later transfer takes the copying paths.
+  void DisableRemote() { remote_copy_ = false; }
   static constexpr size_t kRemoteReadMinBytes = 64u << 10;
   static constexpr size_t kRemoteWriteMinBytes = 4u << 20;
 
@@ -139,7 +143,8 @@ class Connection {
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
-  bool remote_copy_ = false;  // the worker read the hello's probe; GMUX_REMOTE_COPY=0 says no
+  std::atomic<bool> remote_copy_{false};  // the worker read the hello's probe;
+                                          // GMUX_REMOTE_COPY=0 says no
   std::vector<DeviceDesc> devices_;
   std::string tenant_;
   std::atomic<uint64_t> next_id_{1};

@@ -1,6 +1,11 @@
 // Buffer transfers (read, write, copy, fill, rectangles), markers, barriers and migrations.
 #include "icd/common.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <vector>
+
 namespace gmux::icd {
 
 namespace {
@@ -19,6 +24,36 @@ void SetRect(wire::Rect::Builder r, const size_t* buffer_origin, const size_t* h
   r.setHostSlicePitch(host_slice);
 }
 
+// Whether every page of [p, p+n) is mapped in this process.
+bool Mapped(const void* p, size_t n) {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t from = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t to = reinterpret_cast<uintptr_t>(p) + n;
+  std::vector<unsigned char> vec((to - from + page - 1) / page);
+  return ::mincore(reinterpret_cast<void*>(from), to - from, vec.data()) == 0;
+}
+
+// A blocking transfer by remote copy failed with `e`: whether to do it again the copying way.
+// The worker may not copy any more (CL_INVALID_OPERATION: remote copy ends for the
+// connection), or could not copy memory the application does map (CL_INVALID_VALUE with the
+// range mapped: memory the kernel cannot pin, such as a device's); memory the application
+// does not map stays an error, which the copying path would turn into a crash.
+bool CopyInstead(Connection& c, cl_int e, const void* p, size_t n) {
+  if (e == CL_INVALID_OPERATION) {
+    c.DisableRemote();
+    return true;
+  }
+  return e == CL_INVALID_VALUE && Mapped(p, n);
+}
+
+// Forgets the event a failed first try gave the application (the second try makes another).
+void DropEvent(cl_event* event) {
+  if (event != nullptr && *event != nullptr) {
+    ReleaseEvent(*event);
+    *event = nullptr;
+  }
+}
+
 }  // namespace
 
 cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool blocking,
@@ -27,19 +62,26 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool bloc
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
+  {
+    Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
+    if (enq.err() != CL_SUCCESS) return enq.err();
+    if (enq.conn().UseRemote(size, /*write=*/true)) {
+      // One copy: the worker reads `ptr` when the write runs, so a blocking write waits for
+      // it; a non-blocking one leaves `ptr` to the worker until its event completes, as
+      // OpenCL says.
+      auto w = enq.cmd().initWriteBuffer();
+      w.setMem(m->id);
+      w.setOffset(offset);
+      w.setSize(size);
+      w.setRemote(reinterpret_cast<uintptr_t>(ptr));
+      if (!blocking) return enq.Post();
+      cl_int e = enq.conn().Wait(enq.Begin(nullptr, 0, true));
+      if (e == CL_SUCCESS || !CopyInstead(enq.conn(), e, ptr, size)) return e;
+      DropEvent(event);
+    }
+  }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
-  if (enq.conn().UseRemote(size, /*write=*/true)) {
-    // One copy: the worker reads `ptr` when the write runs, so a blocking write waits for it;
-    // a non-blocking one leaves `ptr` to the worker until its event completes, as OpenCL says.
-    auto w = enq.cmd().initWriteBuffer();
-    w.setMem(m->id);
-    w.setOffset(offset);
-    w.setSize(size);
-    w.setRemote(reinterpret_cast<uintptr_t>(ptr));
-    if (!blocking) return enq.Post();
-    return enq.conn().Wait(enq.Begin(nullptr, 0, true));
-  }
   // The data is copied out now, so a blocking write returns as soon as it is sent.
   ShmBuffer held;
   uint64_t token = enq.conn().SendBulk(ptr, size, &held);
@@ -58,18 +100,29 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
+  {
+    Enqueuer enq(q, nwait, waits, event, CL_COMMAND_READ_BUFFER);
+    if (enq.err() != CL_SUCCESS) return enq.err();
+    if (enq.conn().UseRemote(size, /*write=*/false)) {
+      // One copy: the worker writes `ptr` itself when the read runs; the reply is a status.
+      auto r = enq.cmd().initReadBuffer();
+      r.setMem(m->id);
+      r.setOffset(offset);
+      r.setSize(size);
+      r.setRemote(reinterpret_cast<uintptr_t>(ptr));
+      uint64_t seq = enq.Begin(nullptr, 0, blocking);
+      if (!blocking) return CL_SUCCESS;
+      cl_int e = enq.conn().Wait(seq);
+      if (e == CL_SUCCESS || !CopyInstead(enq.conn(), e, ptr, size)) return e;
+      DropEvent(event);
+    }
+  }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_READ_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
   auto r = enq.cmd().initReadBuffer();
   r.setMem(m->id);
   r.setOffset(offset);
   r.setSize(size);
-  if (enq.conn().UseRemote(size, /*write=*/false)) {
-    // One copy: the worker writes `ptr` itself when the read runs; the reply is a status.
-    r.setRemote(reinterpret_cast<uintptr_t>(ptr));
-    uint64_t seq = enq.Begin(nullptr, 0, blocking);
-    return blocking ? enq.conn().Wait(seq) : CL_SUCCESS;
-  }
   uint64_t seq = enq.BeginRead(r, ptr, size, blocking);
   return blocking ? enq.conn().Wait(seq) : CL_SUCCESS;
 }

@@ -1518,12 +1518,15 @@ TEST_F(IsolationTest, ATenantCannotTouchItsWorkersMemoryAndTransfersStillArrive)
   if (!RunningAsRoot()) GTEST_SKIP() << "needs root: tenants must run under a uid without CAP_SYS_PTRACE";
   ASSERT_NO_FATAL_FAILURE(StartDaemon(""));
   constexpr size_t kBytes = 8u << 20;
-  auto body = [](bool dumpable) {
-    return [dumpable](Channel& ch) -> int {
+  // 0: dumpable throughout; 1: not dumpable from the start (no remote copy at hello); 2: not
+  // dumpable from after hello (the worker's copies fail, the ICD copies instead from then on).
+  auto body = [](int mode) {
+    return [mode](Channel& ch) -> int {
       // (A process that dropped root's uid without exec is not dumpable until it says so.)
-      ::prctl(PR_SET_DUMPABLE, dumpable ? 1 : 0, 0, 0, 0);
+      ::prctl(PR_SET_DUMPABLE, mode == 1 ? 0 : 1, 0, 0, 0);
       GmuxDevice d;
       if (!OpenGmux(d)) return 50;
+      if (mode == 2) ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
       std::vector<uint32_t> data(kBytes / 4), back(kBytes / 4, 0);
       for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint32_t>(i * 2654435761u);
       cl_int err = CL_SUCCESS;
@@ -1566,11 +1569,11 @@ TEST_F(IsolationTest, ATenantCannotTouchItsWorkersMemoryAndTransfersStillArrive)
       return 0;
     };
   };
-  for (bool dumpable : {true, false}) {
-    Child c = Spawn(1, 60, body(dumpable));
+  for (int mode : {0, 1, 2}) {
+    Child c = Spawn(1, 60, body(mode));
     auto workers = c.Receive(50s);
     Outcome o = c.Wait(50s);
-    EXPECT_TRUE(o.ok()) << (dumpable ? "dumpable" : "non-dumpable") << " client: " << o.Describe();
+    EXPECT_TRUE(o.ok()) << "client mode " << mode << ": " << o.Describe();
     ASSERT_TRUE(workers.has_value());
     EXPECT_GE(*workers, 1) << "the client's own worker runs as its uid";
   }

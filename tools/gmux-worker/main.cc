@@ -5,6 +5,7 @@
 // it opens the backend, says it is up, receives its session (the client's socket comes with
 // it), answers the client's hello, and then serves the client until the client leaves. It runs
 // only what gmuxd's scheduler releases (daemon/worker_queue.h). Not meant to be run by hand.
+#include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -30,7 +31,7 @@ namespace {
 int Usage() {
   std::fprintf(stderr, "gmux-worker: started by gmuxd, not by hand.\n"
                "usage: gmux-worker --control-fd N [--backend-library PATH] [--vendors-dir DIR] "
-               "[--platform NAME]\n");
+               "[--platform NAME] [--uid U --gid G]\n");
   return 2;
 }
 
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   using namespace gmux::daemon;
   InitLog("gmux-worker", "info");
   int ctl_fd = -1;
+  long uid = -1, gid = -1;  // the tenant's, when gmuxd (root) starts this worker for it
   BackendOptions backend_options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -64,17 +66,37 @@ int main(int argc, char** argv) {
       backend_options.vendors_dir = v;
     } else if (a == "--platform") {
       backend_options.platform = v;
+    } else if (a == "--uid") {
+      uid = std::strtol(v.c_str(), nullptr, 10);
+    } else if (a == "--gid") {
+      gid = std::strtol(v.c_str(), nullptr, 10);
     } else {
       return Usage();
     }
   }
-  if (ctl_fd < 0) return Usage();
-  ::signal(SIGPIPE, SIG_IGN);
+  if (ctl_fd < 0 || (uid < 0) != (gid < 0)) return Usage();
   // Not dumpable: the tenant this worker serves runs as the same uid, and must not ptrace it or
   // write its memory through /proc (it would forge what the worker reports to gmuxd, or run
   // commands the scheduler did not release). The worker may still read its client's memory
-  // (remote_copy.h): that needs the *client* to be dumpable, not the worker.
+  // (remote_copy.h): that needs the *client* to be dumpable, not the worker. Set before the
+  // tenant's uid is taken, so the process is never the tenant's and dumpable at once.
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  if (uid >= 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(static_cast<gid_t>(gid),
+                                                     static_cast<gid_t>(gid),
+                                                     static_cast<gid_t>(gid)) != 0 ||
+        ::setresuid(static_cast<uid_t>(uid), static_cast<uid_t>(uid),
+                    static_cast<uid_t>(uid)) != 0) {
+      std::fprintf(stderr, "gmux-worker: cannot take uid %ld: %s\n", uid, std::strerror(errno));
+      return 125;
+    }
+    ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    // A uid change clears the parent-death signal gmuxd set: set again.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  }
+  // Without root every worker runs as gmuxd's own uid, which no other tenant has: the moment
+  // between exec and the line above is then open only to processes of gmuxd's uid.
+  ::signal(SIGPIPE, SIG_IGN);
 
   auto backend = Backend::Open(backend_options);
   if (!backend.ok()) {
