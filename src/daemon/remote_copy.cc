@@ -224,21 +224,25 @@ void CL_CALLBACK Mapped(cl_event, cl_int status, void* user) {
 
 }  // namespace
 
-cl_int EnqueueRemoteCopy(cl_command_queue cq, cl_mem mem, bool to_device, size_t offset,
-                         size_t n, uint64_t remote, std::shared_ptr<RemoteCopier> copier,
-                         std::shared_ptr<RemoteTransfer> transfer,
-                         const std::vector<cl_event>& waits, cl_event* out) {
-  const cl_icd_dispatch& d = Dispatch(cq);
-  cl_context ctx = nullptr;
-  cl_int err = d.clGetCommandQueueInfo(cq, CL_QUEUE_CONTEXT, sizeof(ctx), &ctx, nullptr);
-  if (err != CL_SUCCESS) return err;
+namespace {
+
+// One piece of a transfer: map [offset, offset+n), copy once mapped, unmap behind a gate.
+// `*out` receives the unmap's event; the map's is kept in `transfer`.
+cl_int EnqueuePiece(const cl_icd_dispatch& d, cl_command_queue cq, cl_context ctx, cl_mem mem,
+                    bool to_device, size_t offset, size_t n, uint64_t remote,
+                    const std::shared_ptr<RemoteCopier>& copier,
+                    const std::shared_ptr<RemoteTransfer>& transfer,
+                    const std::vector<cl_event>& waits, cl_event* out) {
   cl_event map_ev = nullptr;
+  cl_int err = CL_SUCCESS;
   const cl_map_flags flags = to_device ? CL_MAP_WRITE_INVALIDATE_REGION : CL_MAP_READ;
   void* p = d.clEnqueueMapBuffer(cq, mem, CL_FALSE, flags, offset, n,
                                  static_cast<cl_uint>(waits.size()),
                                  waits.empty() ? nullptr : waits.data(), &map_ev, &err);
   if (err != CL_SUCCESS) return err;
-  transfer->map = Adopt(map_ev);
+  Ref<cl_event> map = Adopt(map_ev);
+  if (!transfer->map) transfer->map = map;
+  transfer->pieces.push_back(map);
   cl_event gate = d.clCreateUserEvent(ctx, &err);
   if (err != CL_SUCCESS) {
     // Nothing can hold the unmap back: give the mapping back once it is made, and fail.
@@ -254,7 +258,7 @@ cl_int EnqueueRemoteCopy(cl_command_queue cq, cl_mem mem, bool to_device, size_t
     d.clReleaseEvent(gate);
     return err;
   }
-  auto* job = new CopyJob{std::move(copier), std::move(transfer), gate, p, n, remote, to_device};
+  auto* job = new CopyJob{copier, transfer, gate, p, n, remote, to_device};
   err = d.clSetEventCallback(map_ev, CL_COMPLETE, Mapped, job);
   if (err != CL_SUCCESS) {
     job->transfer->message = "cannot watch the mapping";
@@ -262,6 +266,36 @@ cl_int EnqueueRemoteCopy(cl_command_queue cq, cl_mem mem, bool to_device, size_t
     d.clSetUserEventStatus(gate, err);
     d.clReleaseEvent(gate);
     delete job;
+  }
+  return CL_SUCCESS;
+}
+
+}  // namespace
+
+cl_int EnqueueRemoteCopy(cl_command_queue cq, cl_mem mem, bool to_device, size_t offset,
+                         size_t n, uint64_t remote, std::shared_ptr<RemoteCopier> copier,
+                         std::shared_ptr<RemoteTransfer> transfer,
+                         const std::vector<cl_event>& waits, cl_event* out) {
+  const cl_icd_dispatch& d = Dispatch(cq);
+  cl_context ctx = nullptr;
+  cl_int err = d.clGetCommandQueueInfo(cq, CL_QUEUE_CONTEXT, sizeof(ctx), &ctx, nullptr);
+  if (err != CL_SUCCESS) return err;
+  // Pieces of at most kMapPieceBytes, each mapped after the previous one's unmap: what a
+  // transfer holds mapped at once (on a GPU, the driver's pinned staging memory) stays bounded
+  // whatever its size.
+  std::vector<cl_event> after = waits;
+  for (size_t at = 0; at < n; at += kMapPieceBytes) {
+    const size_t len = std::min(kMapPieceBytes, n - at);
+    cl_event unmap = nullptr;
+    err = EnqueuePiece(d, cq, ctx, mem, to_device, offset + at, len, remote + at, copier,
+                       transfer, after, &unmap);
+    if (err != CL_SUCCESS) return err;
+    if (at + len == n) {
+      *out = unmap;
+    } else {
+      transfer->pieces.push_back(Adopt(unmap));
+      after.assign(1, unmap);
+    }
   }
   return CL_SUCCESS;
 }

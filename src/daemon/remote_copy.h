@@ -85,15 +85,18 @@ class RemoteCopier {
 
 // A transfer's state shared by its enqueue, the copy and the delivery (Command::remote).
 struct RemoteTransfer {
-  Ref<cl_event> map;                       // the mapping's event: the command's START
+  Ref<cl_event> map;                       // the first mapping's event: the command's START
+  std::vector<Ref<cl_event>> pieces;       // every piece's events, kept until the command ends
   std::atomic<cl_int> status{CL_SUCCESS};  // the copy's failure, if any (set after `message`)
   std::string message;
 };
 
-// Enqueues a buffer transfer by remote copy on `cq` after `waits`: a map of [offset, offset+n)
-// of `mem`, the copy (on the copier's thread, once the map is done), then the unmap, held
-// behind a user event until the copy is done, so the queue's later commands see the data.
-// `*out` receives the unmap's event (the command's END); `transfer->map` the map's.
+// Enqueues a buffer transfer by remote copy on `cq` after `waits`: for each piece of at most
+// kMapPieceBytes of [offset, offset+n) of `mem`, a map, the copy (once the map is done), then
+// the unmap, held behind a user event until the copy is done, so the queue's later commands
+// see the data; each piece waits for the one before. `*out` receives the last unmap's event
+// (the command's END); `transfer->map` the first map's (its START).
+inline constexpr size_t kMapPieceBytes = 64u << 20;
 cl_int EnqueueRemoteCopy(cl_command_queue cq, cl_mem mem, bool to_device, size_t offset,
                          size_t n, uint64_t remote, std::shared_ptr<RemoteCopier> copier,
                          std::shared_ptr<RemoteTransfer> transfer,

@@ -1676,7 +1676,8 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       } else if (wb.getRemote() != 0) {
         // One copy: the worker reads the client's memory when the write runs (remote_copy.h).
         if (!core_->remote) return fail({CL_INVALID_OPERATION, "remote copy is not enabled"});
-        if (wb.getOffset() > m->size || wb.getSize() > m->size - wb.getOffset() || wb.getSize() == 0) {
+        if (wb.getOffset() > m->size || wb.getSize() > m->size - wb.getOffset() ||
+            wb.getSize() == 0) {
           return fail({CL_INVALID_VALUE, "write outside the buffer"});
         }
         auto transfer = std::make_shared<RemoteTransfer>();

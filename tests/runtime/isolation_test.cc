@@ -1515,7 +1515,9 @@ TEST_F(IsolationTest, SharedMemoryTransfersAreNotBoundByTheStagingLimit) {
 // one-copy path and arrive intact; a client that is itself not dumpable (so its worker may not
 // read it) is served through shared memory instead, just as correctly.
 TEST_F(IsolationTest, ATenantCannotTouchItsWorkersMemoryAndTransfersStillArrive) {
-  if (!RunningAsRoot()) GTEST_SKIP() << "needs root: tenants must run under a uid without CAP_SYS_PTRACE";
+  if (!RunningAsRoot()) {
+    GTEST_SKIP() << "needs root: tenants must run under a uid without CAP_SYS_PTRACE";
+  }
   ASSERT_NO_FATAL_FAILURE(StartDaemon(""));
   constexpr size_t kBytes = 8u << 20;
   // 0: dumpable throughout; 1: not dumpable from the start (no remote copy at hello); 2: not

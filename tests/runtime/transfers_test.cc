@@ -63,7 +63,8 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   clReleaseMemObject(m);
 }
 
-// Sizes on both sides of every path's threshold (64 KiB, 1 MiB, 4 MiB, the copier's 2 MiB parts),
+// Sizes on both sides of every path's threshold (64 KiB, 1 MiB, 4 MiB, the copier's 2 MiB parts,
+// its 64 MiB mapping pieces),
 // odd sizes, unaligned host pointers and buffer offsets, and sub-buffers.
 TEST(TransfersTest, EveryShapeArrivesIntact) {
   ClDevice d;
@@ -92,6 +93,21 @@ TEST(TransfersTest, EveryShapeArrivesIntact) {
       ASSERT_EQ(back[0], 0xEE);  // nothing written around the application's range
       ASSERT_EQ(back[n + 1], 0xEE);
     }
+  }
+  // Larger than a remote copy's mapping piece (64 MiB): three pieces, the last one odd.
+  {
+    const size_t big = (130u << 20) + 5;
+    cl_mem b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, big + 4096, nullptr, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    std::vector<uint8_t> src(big), back(big, 0);
+    auto pat = Pattern((big + 3) / 4, 77);
+    std::memcpy(src.data(), pat.data(), big);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, b, CL_TRUE, 4096, big, src.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, b, CL_TRUE, 4096, big, back.data(), 0, nullptr,
+                                  nullptr), CL_SUCCESS);
+    EXPECT_TRUE(back == src);
+    clReleaseMemObject(b);
   }
   // A sub-buffer at an offset: written through it, read through the parent and back.
   const size_t sub_off = 1u << 20, sub_n = 6u << 20;
