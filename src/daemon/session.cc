@@ -264,8 +264,63 @@ std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, 
   return v;
 }
 
+namespace {
+
+// The last large staging buffer released, kept for the next: a large allocation is mapped
+// afresh each time, and faulting in and zeroing 256 MiB cost more than the transfer's copies
+// over TCP. One buffer, the largest released, up to kKeptMaxBytes; dropped when an allocation
+// fails (the tenant's memory limit counts it).
+constexpr size_t kKeptMinBytes = 1u << 20;
+constexpr size_t kKeptMaxBytes = 1u << 30;
+struct KeptBuffer {
+  std::mutex mu;
+  std::unique_ptr<uint8_t[]> buf;
+  size_t capacity = 0;
+};
+KeptBuffer& Kept() {
+  static auto* k = new KeptBuffer();  // never destroyed: buffers may be released at exit
+  return *k;
+}
+
+}  // namespace
+
+HostBuffer::HostBuffer(size_t n) : size_(n) {
+  KeptBuffer& k = Kept();
+  if (n >= kKeptMinBytes) {
+    std::lock_guard<std::mutex> lock(k.mu);
+    // Not a buffer more than twice the size: its pages would be held for nothing.
+    if (k.buf && k.capacity >= n && k.capacity / 2 <= n) {
+      heap_ = std::move(k.buf);
+      capacity_ = k.capacity;
+      k.capacity = 0;
+    }
+  }
+  if (!heap_) {
+    try {
+      heap_.reset(new uint8_t[n]);
+    } catch (const std::bad_alloc&) {
+      {
+        std::lock_guard<std::mutex> lock(k.mu);
+        k.buf.reset();
+        k.capacity = 0;
+      }
+      heap_.reset(new uint8_t[n]);
+    }
+    capacity_ = n;
+  }
+  data_ = heap_.get();
+}
+
 HostBuffer::~HostBuffer() {
   if (mapped_) ::munmap(data_, size_);
+  if (heap_ && capacity_ >= kKeptMinBytes && capacity_ <= kKeptMaxBytes) {
+    KeptBuffer& k = Kept();
+    std::lock_guard<std::mutex> lock(k.mu);
+    if (!k.buf || k.capacity < capacity_) {
+      k.buf = std::move(heap_);
+      k.capacity = capacity_;
+    }
+  }
 }
 
 cl_int StatusToCl(const Status& status) {

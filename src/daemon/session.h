@@ -39,7 +39,9 @@ class RemoteCopier;  // remote_copy.h
 // Or a client's sealed memfd mapped shared (local clients' bulk transfers).
 class HostBuffer {
  public:
-  explicit HostBuffer(size_t n) : heap_(new uint8_t[n]), data_(heap_.get()), size_(n) {}
+  // `n` bytes of this process's memory, uninitialised (a large one may be a buffer released
+  // before: see kept_ in session.cc). Throws std::bad_alloc.
+  explicit HostBuffer(size_t n);
   // Maps `size` bytes of the memfd `fd` (consumed). The file must be sealed against shrinking
   // (F_SEAL_SHRINK) and at least `size` long, so the client cannot make the daemon fault.
   static Result<std::shared_ptr<HostBuffer>> MapSealed(int fd, size_t size);
@@ -59,6 +61,7 @@ class HostBuffer {
  private:
   HostBuffer() = default;
   std::unique_ptr<uint8_t[]> heap_;
+  size_t capacity_ = 0;  // of heap_
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
