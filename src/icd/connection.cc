@@ -210,6 +210,7 @@ Connection* Connection::Connect() {
     if (rep.getStatus() != CL_SUCCESS || !rep.isHello()) return;
     conn->tenant_ = rep.getHello().getTenant();
     conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
+    conn->hello_pid_ = ::getpid();
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
     }
@@ -492,6 +493,12 @@ uint64_t Connection::SendShm(const ShmBuffer& buffer, size_t size) {
   bb.setSize(size);
   bb.setShm(true);
   return SendLocked(b, /*may_batch=*/false, buffer.fd) == CL_SUCCESS ? token : 0;
+}
+
+bool Connection::StillRemote() {
+  if (::getpid() == hello_pid_ && ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1) return true;
+  DisableRemote();
+  return false;
 }
 
 cl_int Connection::TakeAsyncError() {

@@ -15,6 +15,8 @@
 #define CL_TARGET_OPENCL_VERSION 300
 #include <CL/cl.h>
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -100,9 +102,9 @@ class Connection {
   // the transfer is large enough to gain. A blocking write below kRemoteWriteMinBytes returns
   // sooner through the stream or shared memory (copied out, it need not wait for the device);
   // a read always waits, and one copy wins from 64 KiB (docs/performance.md, "One copy").
-  bool UseRemote(size_t size, bool write) const {
-    return remote_copy_.load(std::memory_order_relaxed) &&
-           size >= (write ? kRemoteWriteMinBytes : kRemoteReadMinBytes);
+  bool UseRemote(size_t size, bool write) {
+    return size >= (write ? kRemoteWriteMinBytes : kRemoteReadMinBytes) &&
+           remote_copy_.load(std::memory_order_relaxed) && StillRemote();
   }
   // The worker may no longer copy (the application changed its uid or dumpability): every
   // later transfer takes the copying paths.
@@ -143,6 +145,12 @@ class Connection {
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
+  // Whether the worker may still copy for this process: not once the process forked (a child
+  // would have the worker copy to and from its parent, whose pid the worker holds) nor once it
+  // made itself not dumpable or changed its uid (which makes it so): the worker's copies would
+  // fail, and a non-blocking transfer that fails cannot be done again by the ICD.
+  bool StillRemote();
+  pid_t hello_pid_ = 0;
   std::atomic<bool> remote_copy_{false};  // the worker read the hello's probe;
                                           // GMUX_REMOTE_COPY=0 says no
   std::vector<DeviceDesc> devices_;

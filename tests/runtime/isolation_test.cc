@@ -1534,6 +1534,18 @@ TEST_F(IsolationTest, ATenantCannotTouchItsWorkersMemoryAndTransfersStillArrive)
       cl_int err = CL_SUCCESS;
       cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kBytes, nullptr, &err);
       if (m == nullptr) return 51;
+      // Non-blocking first: once the ICD sees it is no longer dumpable it stops naming its
+      // memory (a non-blocking transfer that failed could not be done again).
+      if (clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, kBytes, data.data(), 0, nullptr,
+                               nullptr) != CL_SUCCESS ||
+          clEnqueueReadBuffer(d.queue, m, CL_FALSE, 0, kBytes, back.data(), 0, nullptr,
+                              nullptr) != CL_SUCCESS ||
+          clFinish(d.queue) != CL_SUCCESS) {
+        return 54;
+      }
+      if (back != data) return 55;
+      for (auto& v : data) v = ~v;
+      std::fill(back.begin(), back.end(), 0u);
       if (clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, kBytes, data.data(), 0, nullptr,
                                nullptr) != CL_SUCCESS ||
           clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, kBytes, back.data(), 0, nullptr,
