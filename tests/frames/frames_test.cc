@@ -132,7 +132,11 @@ class FramesTest : public ::testing::Test {
     for (int n = 90 + static_cast<int>(::getpid() % 100); n < 400 && xvfb_ < 0; ++n) {
       const std::string num = std::to_string(n);
       if (fs::exists("/tmp/.X" + num + "-lock") || fs::exists("/tmp/.X11-unix/X" + num)) continue;
-      pid_t pid = Spawn({"Xvfb", ":" + num, "-screen", "0", "1024x768x24", "-nolisten", "tcp"},
+      // -noreset: a server that resets when its last client leaves refuses connections for a
+      // moment, and a program that closes its display and opens it again (dl_probe reload)
+      // lands in that moment on a loaded host.
+      pid_t pid = Spawn({"Xvfb", ":" + num, "-screen", "0", "1024x768x24", "-nolisten", "tcp",
+                         "-noreset"},
                         {}, dir_ + "/xvfb.log");
       ASSERT_GT(pid, 0);
       for (int i = 0; i < 200 && !fs::exists("/tmp/.X11-unix/X" + num); ++i) {

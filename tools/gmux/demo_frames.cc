@@ -85,7 +85,8 @@ pid_t StartXvfb(const std::string& dir, std::string& display) {
   for (int n = 90 + static_cast<int>(::getpid() % 100); n < 400; ++n) {
     const std::string num = std::to_string(n);
     if (fs::exists("/tmp/.X" + num + "-lock") || fs::exists("/tmp/.X11-unix/X" + num)) continue;
-    pid_t pid = Spawn({"Xvfb", ":" + num, "-screen", "0", "1280x1024x24", "-nolisten", "tcp"},
+    pid_t pid = Spawn({"Xvfb", ":" + num, "-screen", "0", "1280x1024x24", "-nolisten", "tcp",
+                       "-noreset"},
                       {}, dir + "/xvfb.log");
     if (pid <= 0) return -1;
     for (int i = 0; i < 200 && !fs::exists("/tmp/.X11-unix/X" + num); ++i) {
