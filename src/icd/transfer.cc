@@ -54,6 +54,45 @@ void DropEvent(cl_event* event) {
   }
 }
 
+// A buffer write or read by remote copy (daemon/remote_copy.h), when the connection offers it
+// for `size` bytes: true with `*result` when the call is done (or failed for good), false when
+// the caller should copy as without it (not offered; a blocking try the worker could not do).
+// A write leaves `ptr` to the worker until it ran, so a blocking one waits; a non-blocking one
+// leaves it until its event completes, as OpenCL says. A read's answer is a status.
+bool TryRemote(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_t offset,
+               size_t size, void* ptr, cl_uint nwait, const cl_event* waits, cl_event* event,
+               cl_int* result) {
+  Connection* c = Valid(q) ? TryConn() : nullptr;
+  if (c == nullptr || !c->UseRemote(size, write)) return false;
+  Enqueuer enq(q, nwait, waits, event, write ? CL_COMMAND_WRITE_BUFFER : CL_COMMAND_READ_BUFFER);
+  *result = enq.err();
+  if (*result != CL_SUCCESS) return true;
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  if (write) {
+    auto w = enq.cmd().initWriteBuffer();
+    w.setMem(m->id);
+    w.setOffset(offset);
+    w.setSize(size);
+    w.setRemote(at);
+    if (!blocking) {
+      *result = enq.Post();
+      return true;
+    }
+  } else {
+    auto r = enq.cmd().initReadBuffer();
+    r.setMem(m->id);
+    r.setOffset(offset);
+    r.setSize(size);
+    r.setRemote(at);
+  }
+  const uint64_t seq = enq.Begin(nullptr, 0, blocking);
+  if (!blocking) return true;  // a read: CL_SUCCESS
+  *result = c->Wait(seq);
+  if (*result == CL_SUCCESS || !CopyInstead(*c, *result, ptr, size)) return true;
+  DropEvent(event);
+  return false;
+}
+
 }  // namespace
 
 cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool blocking,
@@ -62,23 +101,9 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool bloc
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
-  {
-    Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
-    if (enq.err() != CL_SUCCESS) return enq.err();
-    if (enq.conn().UseRemote(size, /*write=*/true)) {
-      // One copy: the worker reads `ptr` when the write runs, so a blocking write waits for
-      // it; a non-blocking one leaves `ptr` to the worker until its event completes, as
-      // OpenCL says.
-      auto w = enq.cmd().initWriteBuffer();
-      w.setMem(m->id);
-      w.setOffset(offset);
-      w.setSize(size);
-      w.setRemote(reinterpret_cast<uintptr_t>(ptr));
-      if (!blocking) return enq.Post();
-      cl_int e = enq.conn().Wait(enq.Begin(nullptr, 0, true));
-      if (e == CL_SUCCESS || !CopyInstead(enq.conn(), e, ptr, size)) return e;
-      DropEvent(event);
-    }
+  if (cl_int e; TryRemote(q, m, /*write=*/true, blocking, offset, size, const_cast<void*>(ptr),
+                          nwait, waits, event, &e)) {
+    return e;
   }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
@@ -100,22 +125,9 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
-  {
-    Enqueuer enq(q, nwait, waits, event, CL_COMMAND_READ_BUFFER);
-    if (enq.err() != CL_SUCCESS) return enq.err();
-    if (enq.conn().UseRemote(size, /*write=*/false)) {
-      // One copy: the worker writes `ptr` itself when the read runs; the reply is a status.
-      auto r = enq.cmd().initReadBuffer();
-      r.setMem(m->id);
-      r.setOffset(offset);
-      r.setSize(size);
-      r.setRemote(reinterpret_cast<uintptr_t>(ptr));
-      uint64_t seq = enq.Begin(nullptr, 0, blocking);
-      if (!blocking) return CL_SUCCESS;
-      cl_int e = enq.conn().Wait(seq);
-      if (e == CL_SUCCESS || !CopyInstead(enq.conn(), e, ptr, size)) return e;
-      DropEvent(event);
-    }
+  if (cl_int e; TryRemote(q, m, /*write=*/false, blocking, offset, size, ptr, nwait, waits,
+                          event, &e)) {
+    return e;
   }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_READ_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
