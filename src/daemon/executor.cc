@@ -8,8 +8,8 @@
 
 namespace gmux::daemon {
 
-Executor::Executor(uint32_t device, Mailbox& loop, OnComplete on_complete)
-    : device_(device), on_complete_(std::move(on_complete)), loop_(loop) {}
+Executor::Executor(uint32_t device, Post post, OnComplete on_complete)
+    : device_(device), on_complete_(std::move(on_complete)), post_(std::move(post)) {}
 
 void Executor::Run(std::vector<Job> jobs) {
   {
@@ -72,7 +72,7 @@ void CL_CALLBACK Executor::OnEvent(cl_event, cl_int status, void* user) {
   std::shared_ptr<Entry> e = std::move(*static_cast<std::shared_ptr<Entry>*>(user));
   delete static_cast<std::shared_ptr<Entry>*>(user);
   Executor* self = e->self;
-  self->loop_.Post([self, e = std::move(e), status] { self->OnDone(e, status); });
+  self->post_([self, e = std::move(e), status] { self->OnDone(e, status); });
 }
 
 void Executor::Enqueue(Job job) {

@@ -1,7 +1,8 @@
 // Executor: runs one device's dispatched commands on the backend and reports their completion.
 //
-// Has no thread of its own: it lives on its owner's loop thread (a worker's WorkerQueue), whose
-// mailbox receives the backend's completion callbacks. Run() enqueues commands on the backend
+// Has no thread of its own: it runs under its owner's lock (a worker's WorkerQueue), which hands
+// it the backend's completion callbacks (run on the callback's thread when the owner is free,
+// else queued for whoever holds it: WorkerQueue::RunOrPost). Run() enqueues commands on the backend
 // (with the backend events of their wait lists) at once; when a backend event completes (the
 // callback posts to the loop) it delivers results in dispatch order: first the Completions to
 // the scheduler with the device-measured START->END time, then Command::finished and the
@@ -38,10 +39,11 @@ class Executor {
   // Receives the completions of one delivery round, in dispatch order.
   using OnComplete = std::function<void(uint32_t device, std::vector<core::Completion> done)>;
 
-  // `loop` is the owner thread's mailbox: completion callbacks are posted there.
-  Executor(uint32_t device, Mailbox& loop, OnComplete on_complete);
+  // `post` takes a completion callback's work to the owner (called on the backend's thread).
+  using Post = std::function<void(Mailbox::Task)>;
+  Executor(uint32_t device, Post post, OnComplete on_complete);
 
-  // On the loop thread. Commands run in the order given.
+  // Under the owner's lock. Commands run in the order given.
   void Run(std::vector<Job> jobs);
 
   // Nothing in flight and no completion callback outstanding: safe to destroy.
@@ -65,9 +67,9 @@ class Executor {
 
   const uint32_t device_;
   OnComplete on_complete_;
-  Mailbox& loop_;
-  std::deque<std::shared_ptr<Entry>> inflight_;  // loop thread only
-  std::vector<Ref<cl_command_queue>> unflushed_;  // loop thread only
+  Post post_;
+  std::deque<std::shared_ptr<Entry>> inflight_;  // under the owner's lock
+  std::vector<Ref<cl_command_queue>> unflushed_;  // under the owner's lock
   // Completion callbacks registered with the backend and not yet delivered to the loop. Each
   // owns a reference to its entry (an entry can be collected by polling and leave inflight_
   // before its callback fires), and the owner does not destroy the executor while any is

@@ -33,30 +33,47 @@ class Mailbox {
   }
 
   void Post(Task t) {
-    bool was_empty;
+    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      was_empty = tasks_.empty();
       tasks_.push_back(std::move(t));
+      if (wake_fd_ >= 0 && !woken_) wake = woken_ = true;
     }
-    if (wake_fd_ >= 0) {
-      if (was_empty) {
-        uint64_t one = 1;
-        (void)!::write(wake_fd_, &one, sizeof(one));
-      }
-    } else {
+    if (wake) {
+      uint64_t one = 1;
+      (void)!::write(wake_fd_, &one, sizeof(one));
+    } else if (wake_fd_ < 0) {
       cv_.notify_one();
     }
   }
 
-  // Every task posted so far, without waiting (the wake fd is cleared first, so a Post racing
-  // with this call makes the fd readable again).
+  // Queues `t` without waking the owner: for a caller that runs the queue itself now, or
+  // whose queue is run by the thread running it now (WorkerQueue::RunOrPost).
+  void PostQuiet(Task t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(t));
+  }
+
+  // Makes the wake fd readable (the owner looks at its queue and state).
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (wake_fd_ < 0 || woken_) return;
+      woken_ = true;
+    }
+    uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+
+  // Every task posted so far, without waiting (the wake fd is cleared with them, so a later
+  // Post makes it readable again).
   std::deque<Task> TryTakeAll() {
-    if (wake_fd_ >= 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (woken_) {
       uint64_t n;
       (void)!::read(wake_fd_, &n, sizeof(n));
+      woken_ = false;
     }
-    std::lock_guard<std::mutex> lock(mu_);
     std::deque<Task> out;
     out.swap(tasks_);
     return out;
@@ -100,6 +117,7 @@ class Mailbox {
   std::deque<Task> tasks_;
   bool closed_ = false;
   int wake_fd_ = -1;
+  bool woken_ = false;  // the wake fd was written and not read since
 };
 
 }  // namespace gmux::daemon

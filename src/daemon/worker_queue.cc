@@ -15,6 +15,12 @@ namespace {
 // `gmux status` see a command in flight from its report on, and account it at its Done).
 constexpr std::chrono::milliseconds kExpressReportDelay{2};
 
+// The queue whose work this thread runs now (RunOrPost), and whether the thread is a backend's
+// completion callback, which may not make blocking OpenCL calls (the specification leaves them
+// undefined there): restoring evicted allocations and evicting wait for the loop thread.
+thread_local WorkerQueue* t_running = nullptr;
+thread_local bool t_device_callback = false;
+
 }  // namespace
 
 WorkerQueue::WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_broker_gone)
@@ -27,7 +33,8 @@ WorkerQueue::WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_br
   backlog_.resize(devices);
   for (size_t i = 0; i < devices; ++i) {
     executors_.push_back(std::make_unique<Executor>(
-        static_cast<uint32_t>(i), mailbox_,
+        static_cast<uint32_t>(i),
+        [this](Mailbox::Task t) { RunOrPost(std::move(t), /*device_callback=*/true); },
         [this](uint32_t device, std::vector<core::Completion> done) {
           OnComplete(device, std::move(done));
         }));
@@ -56,14 +63,54 @@ void WorkerQueue::Stop(std::chrono::milliseconds timeout) {
   stop_ = true;
   mailbox_.Post([] {});
   thread_.join();
+  // A thread that ran the queue's work when stop_ was set leaves before the queue goes.
+  while (inline_runners_.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void WorkerQueue::RunOrPost(Mailbox::Task t, bool device_callback) {
+  inline_runners_.fetch_add(1);
+  if (stop_.load() || t_running == this) {
+    // Stopping (the loop runs what is left), or called from within this queue's own work
+    // (a callback the backend ran at once): whoever runs the queue sees it before letting go.
+    if (t_running == this) {
+      mailbox_.PostQuiet(std::move(t));
+    } else {
+      mailbox_.Post(std::move(t));
+    }
+    inline_runners_.fetch_sub(1);
+    return;
+  }
+  mailbox_.PostQuiet(std::move(t));
+  // Whoever holds own_mu_ runs everything queued before letting go, and looks at the queue
+  // again after letting go: a task queued while it held the lock is never left behind.
+  while (own_mu_.try_lock()) {
+    t_running = this;
+    t_device_callback = device_callback;
+    for (auto& task : mailbox_.TryTakeAll()) task();
+    FlushReady();
+    // The loop thread's timers: express reports due, evictions, work left for it.
+    const bool wake = loop_needed_ || (!loop_timed_ && (!express_unreported_.empty() ||
+                                                         !express_done_.empty() ||
+                                                         !evict_pending_.empty()));
+    loop_needed_ = false;
+    t_device_callback = false;
+    t_running = nullptr;
+    own_mu_.unlock();
+    if (wake) mailbox_.Wake();
+    if (mailbox_.Empty()) break;
+  }
+  inline_runners_.fetch_sub(1);
 }
 
 void WorkerQueue::Submit(std::vector<std::shared_ptr<Command>> cmds) {
   if (cmds.empty()) return;
   outstanding_.fetch_add(cmds.size());
-  mailbox_.Post([this, cs = std::move(cmds)]() mutable {
-    for (auto& c : cs) Accept(std::move(c));
-  });
+  // Started on the calling (session) thread when the loop is free: no wake-up of the loop.
+  RunOrPost(
+      [this, cs = std::move(cmds)]() mutable {
+        for (auto& c : cs) Accept(std::move(c));
+      },
+      /*device_callback=*/false);
 }
 
 bool WorkerQueue::WaitForRoom(uint64_t limit) {
@@ -103,7 +150,7 @@ bool WorkerQueue::WaitForRoom(uint64_t limit) {
 }
 
 void WorkerQueue::Rescan(std::shared_ptr<EventRecord> ev) {
-  mailbox_.Post([this, ev = std::move(ev)] { Notify(ev.get()); });
+  RunOrPost([this, ev = std::move(ev)] { Notify(ev.get()); }, /*device_callback=*/false);
 }
 
 std::string WorkerQueue::Status() {
@@ -157,17 +204,25 @@ void WorkerQueue::Loop() {
   const int wake = mailbox_.EnableWakeFd();
   while (!stop_) {
     pollfd fds[2] = {{wake, POLLIN, 0}, {ctl_fd_, POLLIN, 0}};
-    // Express starts not yet reported go out by kExpressReportDelay at the latest.
     int timeout_ms = -1;
-    if (!express_unreported_.empty() || !express_done_.empty()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      express_oldest_ + kExpressReportDelay - std::chrono::steady_clock::now())
-                      .count();
-      timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
+    {
+      std::lock_guard<std::mutex> lock(own_mu_);
+      // Express starts not yet reported go out by kExpressReportDelay at the latest.
+      if (!express_unreported_.empty() || !express_done_.empty()) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        express_oldest_ + kExpressReportDelay - std::chrono::steady_clock::now())
+                        .count();
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
+      }
+      if (!evict_pending_.empty()) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
+      // Tasks queued without a wake-up while a thread ran the queue's work (RunOrPost).
+      if (!mailbox_.Empty()) timeout_ms = 0;
+      loop_timed_ = timeout_ms >= 0;
     }
-    if (!evict_pending_.empty()) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
     int n = ::poll(fds, broker_gone_ ? 1 : 2, timeout_ms);
     if (n < 0) continue;
+    std::lock_guard<std::mutex> lock(own_mu_);
+    t_running = this;
     if (!broker_gone_ && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       // Everything the broker sent so far, then the local work it caused.
       for (int i = 0; i < 256; ++i) {
@@ -186,6 +241,8 @@ void WorkerQueue::Loop() {
     for (auto& t : mailbox_.TryTakeAll()) t();
     FlushReady();
     if (!evict_pending_.empty()) EvictWhenIdle();
+    loop_needed_ = false;
+    t_running = nullptr;
   }
 }
 
@@ -438,7 +495,13 @@ void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done
   }
   if (device < backlog_.size()) DrainBacklog(device);
   if (residency_) residency_->CollectIfPending();
-  if (!evict_pending_.empty()) EvictWhenIdle();
+  if (!evict_pending_.empty()) {
+    if (t_device_callback) {
+      loop_needed_ = true;  // evicting reads the allocations back with blocking calls
+    } else {
+      EvictWhenIdle();
+    }
+  }
   // Reported when the loop has finished this round, after the executor has delivered the
   // results to the client: the broker's accounting is not on the client's critical path.
 }
@@ -468,6 +531,10 @@ void WorkerQueue::FlushReady(bool force_report) {
     more = false;
     for (size_t d = 0; d < express_jobs_.size(); ++d) {
       if (express_jobs_[d].empty()) continue;
+      if (t_device_callback && residency_ && residency_->Evicted(static_cast<uint32_t>(d))) {
+        loop_needed_ = true;  // restoring writes the allocations back with blocking calls
+        continue;
+      }
       std::vector<Job> jobs = std::move(express_jobs_[d]);
       express_jobs_[d].clear();
       RunJobs(static_cast<uint32_t>(d), std::move(jobs));

@@ -3,9 +3,14 @@
 // runs exactly what the scheduler releases (ctl::Release) on the device executors, and reports
 // each dispatch's profiled device time back (ctl::Done).
 //
-// One loop thread owns everything here: the staging state, the executors (which have no thread
-// of their own) and the control channel. It polls the channel and its mailbox's eventfd, so a
-// release costs one wake-up and a completion callback another. Submit() and Rescan() post to it.
+// The state here (staging, the executors, which have no thread of their own, the reports) is
+// owned by whichever thread holds own_mu_. A loop thread reads the control channel and keeps the
+// timers (express reports, evictions), polling the channel and its mailbox's eventfd. Submit()
+// and the backend's completion callbacks run their work on their own thread when nobody holds
+// the lock (RunOrPost), else queue it for the holder: a blocking launch costs no wake-up of the
+// loop, neither to start (the session thread enqueues it) nor to finish (the completion
+// callback answers the client). Completion callbacks make no blocking OpenCL call: restores and
+// evictions wait for the loop thread. Rescan() works the same way.
 //
 // Express dispatch (control.h, docs/policies.md): while the broker has granted this worker a
 // device, a ready command starts on the executor at once, without a ctl::Release, when nothing
@@ -72,6 +77,10 @@ class WorkerQueue : public CommandSink {
 
  private:
   void Loop();
+  // Runs `t`, after everything queued before it, on this thread if no other runs the queue's
+  // work now; else queues it for the one that does. `device_callback`: on a backend's completion
+  // callback thread.
+  void RunOrPost(Mailbox::Task t, bool device_callback);
   void OnControl(const ctl::Message& m);
   void Accept(std::shared_ptr<Command> c);
   // Sends `c` to the scheduler if nothing blocks it, else parks it on the first blocking event.
@@ -107,6 +116,12 @@ class WorkerQueue : public CommandSink {
   std::function<void(const ctl::Limits&)> on_limits_;
   Mailbox mailbox_;
   std::thread thread_;
+  // Held by the thread running the queue's work (the loop thread, or RunOrPost's caller); guards
+  // the state below it marked "Loop-thread state", loop_timed_ and loop_needed_.
+  std::mutex own_mu_;
+  bool loop_timed_ = false;    // the loop thread sleeps with a timeout (its timers are armed)
+  bool loop_needed_ = false;   // work left for the loop thread (blocking calls)
+  std::atomic<int> inline_runners_{0};  // threads in RunOrPost
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> outstanding_{0};
   // Commands in parked_ (written on the loop thread), and the wait for room (WaitForRoom).

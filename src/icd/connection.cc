@@ -281,12 +281,14 @@ cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_bat
     }
   }
   bool batched = false;
-  if (may_batch && pass_fd < 0 &&
+  // A small request that waits goes out in one send with the batch before it: the worker
+  // wakes once for both.
+  if ((may_batch || !batch_.empty()) && pass_fd < 0 &&
       capnp::computeSerializedSizeInWords(request) * sizeof(capnp::word) <= kBatchFrameBytes) {
     auto bytes = proto::EncodeFrame(proto::FrameKind::kRequest, request);
     if (!bytes.ok()) return CL_OUT_OF_RESOURCES;
     batch_.insert(batch_.end(), bytes->begin(), bytes->end());
-    if (batch_.size() < kBatchBytes) return CL_SUCCESS;
+    if (may_batch && batch_.size() < kBatchBytes) return CL_SUCCESS;
     batched = true;
   }
   // Anything batched goes first, so frames keep their order.
@@ -325,6 +327,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     p.size = size;
     p.on_reply = std::move(on_reply);
     if (!keep_shm) p.shm = shm;
+    if (p.on_reply && ++async_pending_ == 1 && waiters_ == 0) reader_cv_.notify_one();
   }
   cl_int err = SendLocked(request, /*may_batch=*/false, shm.fd);
   if (err != CL_SUCCESS) {
@@ -339,7 +342,10 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
       p.done = true;
       p.status = err;
       cb = std::move(p.on_reply);
-      if (cb) pending_.erase(seq);
+      if (cb) {
+        pending_.erase(seq);
+        --async_pending_;
+      }
     }
     if (cb) cb(err);
   }
@@ -348,10 +354,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
 
 cl_int Connection::Wait(uint64_t seq) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] {
-    auto it = pending_.find(seq);
-    return it == pending_.end() || it->second.done;
-  });
+  AwaitReply(lock, seq);
   auto it = pending_.find(seq);
   if (it == pending_.end()) return CL_INVALID_VALUE;
   cl_int st = it->second.status;
@@ -363,7 +366,7 @@ cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<prot
                         std::string* error_message) {
   uint64_t seq = Begin(request);
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return pending_[seq].done; });
+  AwaitReply(lock, seq);
   Pending p = std::move(pending_[seq]);
   pending_.erase(seq);
   if (reply != nullptr && p.reply) *reply = std::move(p.reply);
@@ -508,67 +511,78 @@ cl_int Connection::TakeAsyncError() {
   return e;
 }
 
-void Connection::ReceiveLoop() {
-  for (;;) {
-    auto msg = proto::ReadFrame(fd_, proto::FrameKind::kReply, ReplyLimits());
-    if (!msg.ok()) break;
-    std::function<void(cl_int)> cb;
-    cl_int cb_status = CL_SUCCESS;
-    bool bad = false;
-    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
-      auto rep = msg->root<wire::Reply>();
-      uint64_t seq = rep.getSeq();
-      std::lock_guard<std::mutex> lock(mu_);
-      if (seq == 0) {
-        if (async_error_ == CL_SUCCESS) async_error_ = rep.getStatus();
-        return;
-      }
-      auto it = pending_.find(seq);
-      if (it == pending_.end()) return;  // nobody waits (a caller that gave up)
-      Pending& p = it->second;
-      // Anything after the reply that completed the call is ignored: the caller may have
-      // returned, and its buffer is the application's again.
-      if (p.done) return;
-      bool complete = true;
-      if (rep.isReadData()) {
-        auto rd = rep.getReadData();
-        auto data = rd.getData();
-        // Never trust the daemon's offsets either.
-        if (p.dst == nullptr || rd.getOffset() > p.size || data.size() > p.size - rd.getOffset()) {
-          p.status = CL_OUT_OF_RESOURCES;
-        } else {
-          std::memcpy(p.dst + rd.getOffset(), data.begin(), data.size());
-        }
-        complete = rd.getLast();
-      } else {
-        p.status = rep.getStatus();
-        p.message = rep.getMessage();
-        if (p.shm.valid()) {
-          if (p.status == CL_SUCCESS && p.dst != nullptr) std::memcpy(p.dst, p.shm.map, p.size);
-          ReleaseShm(p.shm);
-          p.shm = {};
-        }
-      }
-      if (!complete) return;
-      p.done = true;
-      if (p.on_reply) {
-        cb = std::move(p.on_reply);
-        cb_status = p.status;
-        pending_.erase(it);
-      } else if (!rep.isReadData() && !rep.isNone()) {
-        p.reply = std::move(*msg);
-      }
-    })) {
-      bad = true;
-    }
-    if (bad) break;
-    if (cb) {
-      std::lock_guard<std::mutex> lock(mu_);
-      callbacks_.push_back([cb = std::move(cb), cb_status] { cb(cb_status); });
-      callbacks_cv_.notify_one();
-    }
-    cv_.notify_all();
+bool Connection::ReadOne() {
+  auto msg = proto::ReadFrame(fd_, proto::FrameKind::kReply, ReplyLimits());
+  if (!msg.ok()) {
+    Disconnected();
+    return false;
   }
+  std::function<void(cl_int)> cb;
+  cl_int cb_status = CL_SUCCESS;
+  bool bad = false;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    auto rep = msg->root<wire::Reply>();
+    uint64_t seq = rep.getSeq();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (seq == 0) {
+      if (async_error_ == CL_SUCCESS) async_error_ = rep.getStatus();
+      return;
+    }
+    auto it = pending_.find(seq);
+    if (it == pending_.end()) return;  // nobody waits (a caller that gave up)
+    Pending& p = it->second;
+    // Anything after the reply that completed the call is ignored: the caller may have
+    // returned, and its buffer is the application's again.
+    if (p.done) return;
+    bool complete = true;
+    if (rep.isReadData()) {
+      auto rd = rep.getReadData();
+      auto data = rd.getData();
+      // Never trust the daemon's offsets either.
+      if (p.dst == nullptr || rd.getOffset() > p.size || data.size() > p.size - rd.getOffset()) {
+        p.status = CL_OUT_OF_RESOURCES;
+      } else {
+        std::memcpy(p.dst + rd.getOffset(), data.begin(), data.size());
+      }
+      complete = rd.getLast();
+    } else {
+      p.status = rep.getStatus();
+      p.message = rep.getMessage();
+      if (p.shm.valid()) {
+        if (p.status == CL_SUCCESS && p.dst != nullptr) std::memcpy(p.dst, p.shm.map, p.size);
+        ReleaseShm(p.shm);
+        p.shm = {};
+      }
+    }
+    if (!complete) return;
+    p.done = true;
+    if (p.on_reply) {
+      cb = std::move(p.on_reply);
+      cb_status = p.status;
+      pending_.erase(it);
+      --async_pending_;
+    } else if (!rep.isReadData() && !rep.isNone()) {
+      p.reply = std::move(*msg);
+    }
+    // A waiter other than the reader: woken for its reply.
+    if (waiters_ > 1 || (waiters_ == 1 && !reader_is_waiter_)) cv_.notify_all();
+  })) {
+    bad = true;
+  }
+  if (bad) {
+    Disconnected();
+    return false;
+  }
+  if (cb) {
+    std::lock_guard<std::mutex> lock(mu_);
+    callbacks_.push_back([cb = std::move(cb), cb_status] { cb(cb_status); });
+    callbacks_cv_.notify_one();
+  }
+  return true;
+}
+
+void Connection::Disconnected() {
+  ::shutdown(fd_, SHUT_RDWR);  // a half-read frame leaves the stream unusable for everyone
   std::vector<std::function<void(cl_int)>> orphans;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -581,6 +595,7 @@ void Connection::ReceiveLoop() {
         if (p.on_reply) {
           orphans.push_back(std::move(p.on_reply));
           it = pending_.erase(it);
+          --async_pending_;
           continue;
         }
       }
@@ -592,6 +607,58 @@ void Connection::ReceiveLoop() {
   }
   callbacks_cv_.notify_one();
   cv_.notify_all();
+  reader_cv_.notify_all();
+}
+
+void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
+  // The waiting thread reads the socket itself when nobody else does: its reply then wakes it
+  // straight from the kernel, not through another thread (a wake-up less per blocking call).
+  ++waiters_;
+  for (;;) {
+    auto it = pending_.find(seq);
+    if (it == pending_.end() || it->second.done) break;
+    if (::getpid() != hello_pid_) {
+      // A forked child shares the parent's socket: reading would take the parent's replies.
+      it->second.done = true;
+      it->second.status = CL_DEVICE_NOT_AVAILABLE;
+      break;
+    }
+    if (!reading_ && !dead_) {
+      reading_ = true;
+      reader_is_waiter_ = true;
+      lock.unlock();
+      ReadOne();
+      lock.lock();
+      reading_ = false;
+      reader_is_waiter_ = false;
+      continue;
+    }
+    cv_.wait(lock);
+  }
+  --waiters_;
+  // Someone else may read now: another waiter, or the background reader for callbacks.
+  if (waiters_ > 0) {
+    cv_.notify_all();
+  } else if (async_pending_ > 0) {
+    reader_cv_.notify_one();
+  }
+}
+
+void Connection::ReceiveLoop() {
+  // Reads for replies nobody waits for in a call: callbacks of non-blocking requests.
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!dead_) {
+    if (reading_ || waiters_ > 0 || async_pending_ == 0) {
+      reader_cv_.wait(lock);
+      continue;
+    }
+    reading_ = true;
+    lock.unlock();
+    ReadOne();
+    lock.lock();
+    reading_ = false;
+    if (waiters_ > 0) cv_.notify_all();  // a waiter may take over the reading
+  }
 }
 
 void Connection::CallbackLoop() {

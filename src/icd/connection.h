@@ -5,9 +5,11 @@
 // path; read once, at that moment). TLS runs in a relay thread (tls/tls.h, ClientConnect): this
 // class speaks plaintext on the relay's socketpair.
 // Over TCP bulk data always travels inline. Connecting and the handshake are bounded by
-// timeouts, so a missing or stuck daemon yields "no devices", never a hang. A receiver thread
-// reads every reply: it copies read data into the application's memory, hands other replies
-// to the waiting caller, and records unasked error reports (seq 0), which the next blocking
+// timeouts, so a missing or stuck daemon yields "no devices", never a hang. A caller waiting
+// for its reply reads the socket itself when no other thread does (the reply wakes it straight
+// from the kernel); a receiver thread reads while requests with callbacks are outstanding and
+// nobody waits. Whoever reads copies read data into the application's memory, hands other
+// replies to their waiters, and records unasked error reports (seq 0), which the next blocking
 // call returns. If the daemon goes away every waiter is woken with CL_DEVICE_NOT_AVAILABLE.
 // Thread-safe.
 #pragma once
@@ -118,6 +120,13 @@ class Connection {
  private:
   Connection() = default;
   static Connection* Connect();
+  // Reads and dispatches one reply; false once the connection is gone (every waiter then has
+  // CL_DEVICE_NOT_AVAILABLE). Called by the one thread that holds `reading_`.
+  bool ReadOne();
+  void Disconnected();
+  // Waits (mu_ held) until the reply to `seq` came, reading the socket meanwhile if no other
+  // thread does.
+  void AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq);
   void ReceiveLoop();
   void CallbackLoop();
   cl_int SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd = -1);
@@ -159,8 +168,16 @@ class Connection {
   std::atomic<uint64_t> next_seq_{2};  // 1 is the handshake's
   std::mutex send_mu_;                 // serializes frames on fd_; guards batch_
   std::vector<uint8_t> batch_;         // encoded frames not yet sent
-  std::mutex mu_;                      // guards pending_, dead_, async_error_, callbacks_
-  std::condition_variable cv_;
+  // guards pending_, dead_, async_error_, callbacks_, and who reads the socket
+  std::mutex mu_;
+  std::condition_variable cv_;         // a reply came, or the socket has no reader
+  // One thread at a time reads replies: a caller waiting for its own (AwaitReply), or the
+  // receiver thread while requests with callbacks are outstanding and no caller waits.
+  bool reading_ = false;
+  bool reader_is_waiter_ = false;
+  int waiters_ = 0;               // callers in AwaitReply
+  size_t async_pending_ = 0;      // pending requests with an on_reply callback
+  std::condition_variable reader_cv_;  // wakes the receiver thread
   std::map<uint64_t, Pending> pending_;
   bool dead_ = false;
   cl_int async_error_ = CL_SUCCESS;

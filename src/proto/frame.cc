@@ -1,5 +1,6 @@
 #include "proto/frame.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -51,6 +52,30 @@ Result<size_t> ReadFully(int fd, void* buf, size_t n) {
   return got;
 }
 
+// Waits until `fd` is readable, within its SO_RCVTIMEO if it has one; false (errno EAGAIN) when
+// that passed. A thread blocked in read() on a Unix stream socket is woken each time its peer
+// reads what this side sent (the kernel's write-space wake-up does not say what it is for);
+// poll() sleeps through those: one wake-up per message instead of two.
+bool WaitReadable(int fd) {
+  timeval tv{};
+  socklen_t len = sizeof(tv);
+  int timeout_ms = -1;
+  if (::getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &len) == 0 &&
+      (tv.tv_sec != 0 || tv.tv_usec != 0)) {
+    timeout_ms = static_cast<int>(tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000);
+  }
+  pollfd p{fd, POLLIN, 0};
+  for (;;) {
+    int r = ::poll(&p, 1, timeout_ms);
+    if (r > 0) return true;  // readable, or an error or hang-up the read reports
+    if (r == 0) {
+      errno = EAGAIN;
+      return false;
+    }
+    if (errno != EINTR) return true;  // let the read say what is wrong
+  }
+}
+
 // Reads the header with recvmsg so a descriptor passed with the frame is received (the kernel
 // delivers it with the frame's first byte). Every descriptor but the first kept one is closed.
 Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
@@ -63,9 +88,14 @@ Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    ssize_t r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    // What is there is taken at once; otherwise the wait is in poll().
+    ssize_t r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!WaitReadable(fd)) return Unavailable("recvmsg: " + ErrnoText(errno));
+        continue;
+      }
       if (errno == ECONNRESET) return got;
       return Unavailable("recvmsg: " + ErrnoText(errno));
     }
