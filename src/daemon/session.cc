@@ -11,7 +11,6 @@
 
 #include <fcntl.h>
 #include <ftw.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -609,16 +608,13 @@ std::vector<uint64_t> Session::ExpandPool(std::vector<uint64_t> devices) const {
 }
 
 Status Session::Serve() {
+  proto::FrameReader reader(core_->fd, proto::FrameKind::kRequest, core_->limits);
   for (;;) {
     if (passed_fd_ >= 0) ::close(passed_fd_);  // a descriptor no request took
     passed_fd_ = -1;
-    int waiting = 0;
-    if (!to_submit_.empty() && (::ioctl(core_->fd, FIONREAD, &waiting) != 0 || waiting == 0 ||
-                                to_submit_.size() >= 256)) {
-      SubmitPending();
-    }
-    auto msg = proto::ReadFrame(core_->fd, proto::FrameKind::kRequest, core_->limits, nullptr,
-                                &passed_fd_);
+    if (to_submit_.size() >= 256) SubmitPending();
+    // Commands go to the device in batches: once no more requests have arrived.
+    auto msg = reader.Next(&passed_fd_, [this] { SubmitPending(); });
     if (!msg.ok()) return msg.status();
     if (const uint64_t g = core_->limits_generation.load(); g != limits_seen_) {
       limits_ = core_->SessionLimitsNow();

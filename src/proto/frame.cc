@@ -364,4 +364,152 @@ Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits,
   return DecodePayload(kj::mv(words), kind, limits);
 }
 
+namespace {
+constexpr size_t kReadBufferBytes = 256u << 10;
+}  // namespace
+
+FrameReader::FrameReader(int fd, FrameKind kind, const FrameLimits& limits)
+    : fd_(fd), kind_(kind), limits_(limits), buf_(kReadBufferBytes) {}
+
+FrameReader::~FrameReader() {
+  for (const Passed& p : passed_) ::close(p.fd);
+}
+
+bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
+  if (begin_ == end_) {
+    begin_ = end_ = 0;
+  } else if (end_ == buf_.size()) {
+    std::memmove(buf_.data(), buf_.data() + begin_, buffered());
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  for (;;) {
+    iovec iov{buf_.data() + end_, buf_.size() - end_};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!wait) return false;
+        if (!WaitReadable(fd_)) {
+          error = Unavailable("recvmsg: " + ErrnoText(errno));
+          return false;
+        }
+        continue;
+      }
+      if (errno == ECONNRESET) {
+        eof = true;
+        return false;
+      }
+      error = Unavailable("recvmsg: " + ErrnoText(errno));
+      return false;
+    }
+    const uint64_t from = offset_ + buffered();
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        passed_.push_back({passed, from, from + static_cast<uint64_t>(r)});
+      }
+    }
+    if (r == 0) {
+      eof = true;
+      return false;
+    }
+    end_ += static_cast<size_t>(r);
+    return true;
+  }
+}
+
+int FrameReader::TakeFd(uint64_t at, uint64_t bytes) {
+  int out = -1;
+  for (auto it = passed_.begin(); it != passed_.end();) {
+    // Ours: this frame begins in the read that brought it and no later frame does.
+    if (out < 0 && at >= it->from && at < it->to && at + bytes >= it->to) {
+      out = it->fd;
+      it = passed_.erase(it);
+    } else if (it->to <= at + bytes) {
+      ::close(it->fd);  // every frame of that read has come and gone without it
+      it = passed_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+Result<Message> FrameReader::Next(int* fd_out, const std::function<void()>& before_wait) {
+  if (fd_out != nullptr) *fd_out = -1;
+  Status error = Status::Ok();
+  bool eof = false;
+  bool told = false;
+  // Fills the buffer: what the socket has now, else (after before_wait) waiting for it.
+  auto more = [&]() -> bool {
+    if (Fill(/*wait=*/false, error, eof)) return true;
+    if (eof || !error.ok()) return false;
+    if (before_wait && !told) {
+      told = true;
+      before_wait();
+    }
+    return Fill(/*wait=*/true, error, eof);
+  };
+  while (buffered() < kHeaderBytes) {
+    if (!more()) {
+      if (!error.ok()) return error;
+      if (buffered() == 0) return Unavailable("peer closed the connection");
+      return DataLoss("connection closed inside a frame header");
+    }
+  }
+  GMUX_ASSIGN_OR_RETURN(FrameHeader h,
+                        DecodeHeader({buf_.data() + begin_, kHeaderBytes}, limits_));
+  if (h.kind != kind_) return InvalidArgument("unexpected frame kind");
+  const uint64_t at = offset_;
+  const size_t frame = kHeaderBytes + h.payload_bytes;
+  auto words = kj::heapArray<capnp::word>(h.payload_bytes / sizeof(capnp::word));
+  auto* dst = reinterpret_cast<uint8_t*>(words.begin());
+  if (frame <= buf_.size()) {
+    // A frame that fits the buffer is gathered there.
+    if (buf_.size() - begin_ < frame) {
+      std::memmove(buf_.data(), buf_.data() + begin_, buffered());
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    while (buffered() < frame) {
+      if (!more()) {
+        if (!error.ok()) return error;
+        return DataLoss("connection closed inside a frame payload");
+      }
+    }
+    std::memcpy(dst, buf_.data() + begin_ + kHeaderBytes, h.payload_bytes);
+    begin_ += frame;
+    offset_ += frame;
+  } else {
+    // Larger: what is buffered (all of it this frame's), then the rest straight into the
+    // message.
+    const size_t have = buffered() - kHeaderBytes;
+    std::memcpy(dst, buf_.data() + begin_ + kHeaderBytes, have);
+    begin_ = end_ = 0;
+    offset_ += kHeaderBytes + have;
+    GMUX_ASSIGN_OR_RETURN(size_t body, ReadFully(fd_, dst + have, h.payload_bytes - have));
+    offset_ += body;
+    if (body < h.payload_bytes - have) return DataLoss("connection closed inside a frame payload");
+  }
+  if (!passed_.empty()) {
+    int passed = TakeFd(at, frame);
+    if (fd_out != nullptr) {
+      *fd_out = passed;
+    } else if (passed >= 0) {
+      ::close(passed);
+    }
+  }
+  return DecodePayload(kj::mv(words), kind_, limits_);
+}
+
 }  // namespace gmux::proto

@@ -20,6 +20,7 @@
 #include <capnp/serialize.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -113,5 +114,43 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes);
 // owns it); descriptors passed when `fd_out` is null, or beyond the first, are closed.
 Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits = {},
                           FrameHeader* header_out = nullptr, int* fd_out = nullptr);
+
+// Reads frames from a stream socket through a buffer: one recvmsg takes every frame that has
+// arrived (a batch of small requests costs one system call, not two per frame), larger payloads
+// are read straight into their message. A descriptor passed with a frame (SCM_RIGHTS) belongs to
+// the last frame that begins in the bytes of the read that brought it: the kernel attaches it to
+// the frame's first byte, may join earlier bytes to that read, and ends the read after the bytes
+// it came with. Waits in poll() (see ReadHeader in frame.cc). Thread-compatible.
+class FrameReader {
+ public:
+  FrameReader(int fd, FrameKind kind, const FrameLimits& limits);
+  ~FrameReader();
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
+
+  // The next frame, with ReadFrame's errors. `fd_out` as ReadFrame's. `before_wait` runs once
+  // each time no whole frame is buffered and the socket has nothing more: before sleeping.
+  Result<Message> Next(int* fd_out, const std::function<void()>& before_wait = nullptr);
+
+ private:
+  struct Passed {
+    int fd;
+    uint64_t from, to;  // the stream offsets of the read that brought it
+  };
+  // Reads what the socket has into the buffer (waiting for it if `wait`); false on EOF, an error
+  // (in `error`) or, without `wait`, nothing there.
+  bool Fill(bool wait, Status& error, bool& eof);
+  size_t buffered() const { return end_ - begin_; }
+  // The descriptor for the frame at stream offset `at` spanning `bytes`, or -1; stale ones closed.
+  int TakeFd(uint64_t at, uint64_t bytes);
+
+  int fd_;
+  FrameKind kind_;
+  FrameLimits limits_;
+  std::vector<uint8_t> buf_;
+  size_t begin_ = 0, end_ = 0;
+  uint64_t offset_ = 0;  // stream offset of buf_[begin_]
+  std::vector<Passed> passed_;
+};
 
 }  // namespace gmux::proto

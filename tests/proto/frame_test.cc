@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 
 namespace gmux::proto {
 namespace {
@@ -236,6 +237,142 @@ TEST_F(SocketPairTest, PassesADescriptorWithAFrame) {
   ASSERT_TRUE(ReadFrame(fds_[1], FrameKind::kRequest).ok());
   EXPECT_EQ(::read(pipefd[0], &c, 1), 0);
   ::close(pipefd[0]);
+}
+
+// A request frame with `seq` and `pad` bytes of data.
+std::vector<uint8_t> SeqFrame(uint64_t seq, size_t pad = 0) {
+  capnp::MallocMessageBuilder b;
+  auto req = b.initRoot<wire::Request>();
+  req.setSeq(seq);
+  if (pad > 0) {
+    std::vector<uint8_t> data(pad, static_cast<uint8_t>(seq));
+    req.initBulkData().setData(kj::arrayPtr(data.data(), data.size()));
+  }
+  auto bytes = EncodeFrame(FrameKind::kRequest, b);
+  EXPECT_TRUE(bytes.ok());
+  return *bytes;
+}
+
+// Sends `bytes` in one sendmsg, with `pass` as SCM_RIGHTS when >= 0.
+void SendWithFd(int fd, const std::vector<uint8_t>& bytes, int pass) {
+  iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (pass >= 0) {
+    std::memset(control, 0, sizeof(control));
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pass, sizeof(int));
+  }
+  ASSERT_EQ(::sendmsg(fd, &msg, 0), static_cast<ssize_t>(bytes.size()));
+}
+
+// Which pipe a received descriptor is the write end of: writes its number, read back by seq.
+TEST_F(SocketPairTest, ReaderTakesBatchesAndGivesEachDescriptorToItsFrame) {
+  // Frames 1..3 in one send (no descriptor), frame 4 with pipe A in its own send, frames 5 and
+  // 6 in one send, frame 7 with pipe B, frame 8 alone: all sent before the first read, so
+  // reads join them as the kernel allows. Descriptors must land on frames 4 and 7 only.
+  int a[2], bp[2];
+  ASSERT_EQ(::pipe(a), 0);
+  ASSERT_EQ(::pipe(bp), 0);
+  std::vector<uint8_t> batch;
+  for (uint64_t s = 1; s <= 3; ++s) {
+    auto f = SeqFrame(s, s * 40);
+    batch.insert(batch.end(), f.begin(), f.end());
+  }
+  SendWithFd(fds_[0], batch, -1);
+  SendWithFd(fds_[0], SeqFrame(4, 16), a[1]);
+  batch.clear();
+  for (uint64_t s = 5; s <= 6; ++s) {
+    auto f = SeqFrame(s);
+    batch.insert(batch.end(), f.begin(), f.end());
+  }
+  SendWithFd(fds_[0], batch, -1);
+  SendWithFd(fds_[0], SeqFrame(7), bp[1]);
+  SendWithFd(fds_[0], SeqFrame(8, 100), -1);
+  ::close(a[1]);
+  ::close(bp[1]);
+  ::close(fds_[0]);
+  fds_[0] = -1;
+
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  int waits = 0;
+  for (uint64_t want = 1; want <= 8; ++want) {
+    int got = -1;
+    auto m = reader.Next(&got, [&] { ++waits; });
+    ASSERT_TRUE(m.ok()) << want << ": " << m.status().ToString();
+    EXPECT_EQ(m->root<wire::Request>().getSeq(), want);
+    if (want == 4 || want == 7) {
+      ASSERT_GE(got, 0) << "frame " << want << " lost its descriptor";
+      ASSERT_EQ(::write(got, "x", 1), 1);
+      ::close(got);
+      char c = 0;
+      EXPECT_EQ(::read(want == 4 ? a[0] : bp[0], &c, 1), 1) << "frame " << want;
+    } else {
+      EXPECT_EQ(got, -1) << "frame " << want << " got a descriptor that was not its own";
+    }
+  }
+  EXPECT_EQ(waits, 0);  // everything had arrived: nothing waited
+  EXPECT_EQ(reader.Next(nullptr).status().code(), StatusCode::kUnavailable);
+  ::close(a[0]);
+  ::close(bp[0]);
+}
+
+TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
+  // A frame of 3 MiB (larger than the reader's buffer) between two small ones, written by
+  // another thread in small pieces: the reader waits (calling before_wait) and gets each whole.
+  std::vector<uint8_t> all;
+  for (auto f : {SeqFrame(1, 10), SeqFrame(2, 3u << 20), SeqFrame(3, 10)}) {
+    all.insert(all.end(), f.begin(), f.end());
+  }
+  std::thread writer([&] {
+    for (size_t at = 0; at < all.size();) {
+      size_t n = std::min<size_t>(all.size() - at, 100'003);
+      ASSERT_EQ(::write(fds_[0], all.data() + at, n), static_cast<ssize_t>(n));
+      at += n;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  int waits = 0;
+  for (uint64_t want = 1; want <= 3; ++want) {
+    auto m = reader.Next(nullptr, [&] { ++waits; });
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    auto r = m->root<wire::Request>();
+    EXPECT_EQ(r.getSeq(), want);
+    const size_t size = want == 2 ? 3u << 20 : 10;
+    ASSERT_EQ(r.getBulkData().getData().size(), size);
+    for (uint8_t v : r.getBulkData().getData()) ASSERT_EQ(v, static_cast<uint8_t>(want));
+  }
+  writer.join();
+  EXPECT_GE(waits, 1);
+  // A close in the middle of a frame is data loss, between frames a clean end.
+  auto f = SeqFrame(4, 64);
+  ASSERT_EQ(::write(fds_[0], f.data(), f.size() - 8), static_cast<ssize_t>(f.size() - 8));
+  ::close(fds_[0]);
+  fds_[0] = -1;
+  EXPECT_EQ(reader.Next(nullptr).status().code(), StatusCode::kDataLoss);
+}
+
+TEST_F(SocketPairTest, ReaderRejectsABadHeaderAndAFrameOverTheLimit) {
+  FrameLimits small;
+  small.max_payload_bytes = 1024;
+  auto big = SeqFrame(1, 4096);
+  ASSERT_EQ(::write(fds_[0], big.data(), big.size()), static_cast<ssize_t>(big.size()));
+  FrameReader reader(fds_[1], FrameKind::kRequest, small);
+  EXPECT_EQ(reader.Next(nullptr).status().code(), StatusCode::kResourceExhausted);
+  auto f = SeqFrame(2);
+  ::close(fds_[1]);
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds_), 0);
+  ASSERT_EQ(::write(fds_[0], f.data(), f.size()), static_cast<ssize_t>(f.size()));
+  FrameReader reply_reader(fds_[1], FrameKind::kReply, {});
+  EXPECT_EQ(reply_reader.Next(nullptr).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
