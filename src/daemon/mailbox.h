@@ -33,18 +33,17 @@ class Mailbox {
   }
 
   void Post(Task t) {
-    bool wake = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       tasks_.push_back(std::move(t));
-      if (wake_fd_ >= 0 && !woken_) wake = woken_ = true;
+      // Written under the lock: a TryTakeAll between setting woken_ and the write would leave
+      // the fd readable with woken_ clear, and the owner's poll returning at once for ever.
+      if (wake_fd_ >= 0) {
+        WakeLocked();
+        return;
+      }
     }
-    if (wake) {
-      uint64_t one = 1;
-      (void)!::write(wake_fd_, &one, sizeof(one));
-    } else if (wake_fd_ < 0) {
-      cv_.notify_one();
-    }
+    cv_.notify_one();
   }
 
   // Queues `t` without waking the owner: for a caller that runs the queue itself now, or
@@ -56,13 +55,8 @@ class Mailbox {
 
   // Makes the wake fd readable (the owner looks at its queue and state).
   void Wake() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (wake_fd_ < 0 || woken_) return;
-      woken_ = true;
-    }
-    uint64_t one = 1;
-    (void)!::write(wake_fd_, &one, sizeof(one));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (wake_fd_ >= 0) WakeLocked();
   }
 
   // Every task posted so far, without waiting (the wake fd is cleared with them, so a later
@@ -112,6 +106,13 @@ class Mailbox {
   }
 
  private:
+  void WakeLocked() {
+    if (woken_) return;
+    woken_ = true;
+    uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+
   mutable std::mutex mu_;  // guards tasks_ and closed_
   std::condition_variable cv_;
   std::deque<Task> tasks_;

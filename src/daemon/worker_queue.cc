@@ -215,10 +215,11 @@ void WorkerQueue::Loop() {
         timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
       }
       if (!evict_pending_.empty()) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
-      // Tasks queued without a wake-up while a thread ran the queue's work (RunOrPost).
-      if (!mailbox_.Empty()) timeout_ms = 0;
       loop_timed_ = timeout_ms >= 0;
     }
+    // Tasks queued without a wake-up while a thread ran the queue's work (RunOrPost), this
+    // thread included: looked at after letting go, as every holder does.
+    if (!mailbox_.Empty()) timeout_ms = 0;
     int n = ::poll(fds, broker_gone_ ? 1 : 2, timeout_ms);
     if (n < 0) continue;
     std::lock_guard<std::mutex> lock(own_mu_);
