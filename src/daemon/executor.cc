@@ -11,9 +11,10 @@ namespace gmux::daemon {
 Executor::Executor(uint32_t device, Post post, OnComplete on_complete)
     : device_(device), on_complete_(std::move(on_complete)), post_(std::move(post)) {}
 
-void Executor::Run(std::vector<Job> jobs) {
+void Executor::Run(std::vector<Job>& jobs) {
   {
     for (auto& j : jobs) Enqueue(std::move(j));
+    jobs.clear();
     // Flush so the device starts (some backends only launch on flush), once per batch and queue.
     for (const auto& q : unflushed_) Dispatch(q->h).clFlush(q->h);
     unflushed_.clear();

@@ -43,8 +43,9 @@ class Executor {
   using Post = std::function<void(Mailbox::Task)>;
   Executor(uint32_t device, Post post, OnComplete on_complete);
 
-  // Under the owner's lock. Commands run in the order given.
-  void Run(std::vector<Job> jobs);
+  // Under the owner's lock. Commands run in the order given; `jobs` is left empty (its
+  // capacity kept for the owner's next batch).
+  void Run(std::vector<Job>& jobs);
 
   // Nothing in flight and no completion callback outstanding: safe to destroy.
   bool Idle() const { return inflight_.empty() && callbacks_.load() == 0; }

@@ -620,7 +620,7 @@ Status Session::Serve() {
       limits_ = core_->SessionLimitsNow();
       limits_seen_ = g;
     }
-    capnp::MallocMessageBuilder reply;
+    capnp::MallocMessageBuilder reply(kj::arrayPtr(reply_scratch_.get(), kReplyScratchWords));
     bool replied = false;
     uint64_t seq = 0;
     Err err;

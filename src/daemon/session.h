@@ -283,6 +283,11 @@ class Session {
   std::vector<std::shared_ptr<Command>> to_submit_;
   void SubmitPending();
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
+  // The first segment of every reply's builder, zeroed (the builder zeroes what it used when it
+  // is destroyed): most requests are launches that are never answered, and a builder of its own
+  // would allocate and clear 8 KiB for each.
+  static constexpr size_t kReplyScratchWords = 1024;
+  std::unique_ptr<capnp::word[]> reply_scratch_{new capnp::word[kReplyScratchWords]()};
   // The client reuses its shared buffers, so their mappings are kept (by inode), at most
   // kMaxShmMaps of them and max_bulk_bytes_per_session bytes in all, oldest dropped first, and
   // dropped when the client says it destroyed the buffer (shmForget): a kept mapping pins the

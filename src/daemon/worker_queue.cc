@@ -70,8 +70,10 @@ void WorkerQueue::Stop(std::chrono::milliseconds timeout) {
 void WorkerQueue::RunOrPost(Mailbox::Task t, bool device_callback) {
   inline_runners_.fetch_add(1);
   if (stop_.load() || t_running == this) {
-    // Stopping (the loop runs what is left), or called from within this queue's own work
-    // (a callback the backend ran at once): whoever runs the queue sees it before letting go.
+    // Called from within this queue's own work (a callback the backend ran at once): whoever
+    // runs the queue sees it before letting go. Or stopping: queued for the loop, which runs it
+    // if it has not finished its last round; after that the task is dropped unrun with the
+    // mailbox (Stop() first waited, up to its timeout, for every executor to be idle).
     if (t_running == this) {
       mailbox_.PostQuiet(std::move(t));
     } else {
@@ -277,7 +279,7 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
         per_device[c->device].push_back(std::move(job));
       }
       for (size_t d = 0; d < per_device.size(); ++d) {
-        if (!per_device[d].empty()) RunJobs(static_cast<uint32_t>(d), std::move(per_device[d]));
+        if (!per_device[d].empty()) RunJobs(static_cast<uint32_t>(d), per_device[d]);
         DrainBacklog(static_cast<uint32_t>(d));  // the last release may let the backlog go
       }
       // Commands of other devices that waited for these to be dispatched.
@@ -536,9 +538,14 @@ void WorkerQueue::FlushReady(bool force_report) {
         loop_needed_ = true;  // restoring writes the allocations back with blocking calls
         continue;
       }
-      std::vector<Job> jobs = std::move(express_jobs_[d]);
-      express_jobs_[d].clear();
-      RunJobs(static_cast<uint32_t>(d), std::move(jobs));
+      // Run from a spare vector (starting may queue more express jobs), swapped back when
+      // nothing was queued meanwhile, so the vectors keep their capacity from batch to batch.
+      std::vector<Job> jobs;
+      jobs.swap(spare_jobs_);
+      jobs.swap(express_jobs_[d]);
+      RunJobs(static_cast<uint32_t>(d), jobs);
+      if (express_jobs_[d].empty()) express_jobs_[d].swap(jobs);
+      spare_jobs_.swap(jobs);
       more = true;
     }
   }
@@ -594,7 +601,7 @@ void WorkerQueue::AttachResidency(std::shared_ptr<Residency> residency) {
   mailbox_.Post([this, r = std::move(residency)]() mutable { residency_ = std::move(r); });
 }
 
-void WorkerQueue::RunJobs(uint32_t device, std::vector<Job> jobs) {
+void WorkerQueue::RunJobs(uint32_t device, std::vector<Job>& jobs) {
   if (residency_ && residency_->Evicted(device)) {
     Residency::Moved m = residency_->Restore(device);
     if (!broker_gone_ && m.objects != 0) {
@@ -602,7 +609,7 @@ void WorkerQueue::RunJobs(uint32_t device, std::vector<Job> jobs) {
       ctl::Send(ctl_fd_, ctl::Type::kSwapped, &s, sizeof(s), 1).IgnoreError();
     }
   }
-  executors_[device]->Run(std::move(jobs));
+  executors_[device]->Run(jobs);
 }
 
 void WorkerQueue::EvictWhenIdle() {

@@ -101,7 +101,7 @@ class WorkerQueue : public CommandSink {
   void DrainBacklog(uint32_t device);
   // Runs `jobs` on device `device`'s executor, bringing the session's allocations back first if
   // they were moved out (and telling the broker, kSwapped).
-  void RunJobs(uint32_t device, std::vector<Job> jobs);
+  void RunJobs(uint32_t device, std::vector<Job>& jobs);  // leaves `jobs` empty
   // Carries out the broker's kEvict requests once nothing of the session is on a device.
   void EvictWhenIdle();
   bool OnPool(uint32_t device) const { return device < 64 && (pool_mask_ >> device & 1) != 0; }
@@ -135,6 +135,7 @@ class WorkerQueue : public CommandSink {
   uint64_t next_cmd_ = 1;
   std::unordered_map<EventRecord*, std::vector<std::shared_ptr<Command>>> parked_;
   std::unordered_map<uint64_t, std::shared_ptr<Command>> ready_;  // sent, not fully released
+  std::vector<Job> spare_jobs_;  // FlushReady's second vector (its capacity kept)
   std::vector<ctl::Ready> ready_out_;
   std::vector<ctl::Done> done_out_;  // completions to report at the end of the loop's round
   // Under a grant the broker hears of express work in batches: starts and completions not

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
@@ -29,6 +30,13 @@ namespace gmux::icd {
 namespace wire = proto::wire;
 
 namespace {
+
+// Set in the child of a fork(): the connection (its socket, its request numbers, the worker's
+// idea of whose memory it copies) is the parent's, so the child's calls fail with
+// CL_DEVICE_NOT_AVAILABLE instead of sending on the parent's socket or taking its replies.
+// Checked before any lock is taken (a parent's thread may have held one at the fork).
+std::atomic<bool> g_forked{false};
+bool Forked() { return g_forked.load(std::memory_order_relaxed); }
 
 constexpr int kConnectTimeoutMs = 2000;
 // The hello is answered by the session's worker, which gmuxd may have to start first: under a
@@ -211,6 +219,8 @@ Connection* Connection::Connect() {
     conn->tenant_ = rep.getHello().getTenant();
     conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
     conn->hello_pid_ = ::getpid();
+    static std::once_flag atfork;
+    std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, [] { g_forked = true; }); });
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
     }
@@ -259,6 +269,7 @@ constexpr size_t kBatchBytes = 64u << 10;       // the batch is sent when it rea
 }  // namespace
 
 cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd) {
+  if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
   std::lock_guard<std::mutex> lock(send_mu_);
   {
     std::lock_guard<std::mutex> l2(mu_);
@@ -304,6 +315,7 @@ cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_bat
 }
 
 cl_int Connection::Flush() {
+  if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
   std::lock_guard<std::mutex> lock(send_mu_);
   if (batch_.empty()) return CL_SUCCESS;
   bool ok = SendAll(fd_, batch_.data(), batch_.size());
@@ -318,6 +330,11 @@ cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
 
 uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
                            std::function<void(cl_int)> on_reply, ShmBuffer shm, bool keep_shm) {
+  if (Forked()) {
+    // Nothing is sent and nothing waited for (Wait(0) answers CL_DEVICE_NOT_AVAILABLE).
+    if (on_reply) on_reply(CL_DEVICE_NOT_AVAILABLE);
+    return 0;
+  }
   uint64_t seq = next_seq_.fetch_add(1);
   request.getRoot<wire::Request>().setSeq(seq);
   {
@@ -353,6 +370,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
 }
 
 cl_int Connection::Wait(uint64_t seq) {
+  if (seq == 0 || Forked()) return CL_DEVICE_NOT_AVAILABLE;
   std::unique_lock<std::mutex> lock(mu_);
   AwaitReply(lock, seq);
   auto it = pending_.find(seq);
@@ -365,6 +383,7 @@ cl_int Connection::Wait(uint64_t seq) {
 cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<proto::Message>* reply,
                         std::string* error_message) {
   uint64_t seq = Begin(request);
+  if (seq == 0) return CL_DEVICE_NOT_AVAILABLE;  // a forked child (Begin)
   std::unique_lock<std::mutex> lock(mu_);
   AwaitReply(lock, seq);
   Pending p = std::move(pending_[seq]);
@@ -499,7 +518,7 @@ uint64_t Connection::SendShm(const ShmBuffer& buffer, size_t size) {
 }
 
 bool Connection::StillRemote() {
-  if (::getpid() == hello_pid_ && ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1) return true;
+  if (!Forked() && ::getpid() == hello_pid_ && ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1) return true;
   DisableRemote();
   return false;
 }
@@ -617,7 +636,7 @@ void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
   for (;;) {
     auto it = pending_.find(seq);
     if (it == pending_.end() || it->second.done) break;
-    if (::getpid() != hello_pid_) {
+    if (Forked()) {
       // A forked child shares the parent's socket: reading would take the parent's replies.
       it->second.done = true;
       it->second.status = CL_DEVICE_NOT_AVAILABLE;

@@ -8,6 +8,7 @@
 #include <kj/exception.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -76,27 +77,32 @@ bool WaitReadable(int fd) {
   }
 }
 
-// Reads the header with recvmsg so a descriptor passed with the frame is received (the kernel
-// delivers it with the frame's first byte). Every descriptor but the first kept one is closed.
-Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
-  size_t got = 0;
-  while (got < n) {
-    iovec iov{buf + got, n - got};
+// RecvSome's answer when told not to wait and nothing has arrived.
+constexpr size_t kNothingYet = SIZE_MAX;
+
+// One recvmsg of what has arrived on `fd`, at most `n` bytes into `buf`: the bytes read, 0 at
+// the end of the stream (a reset included), kNothingYet when nothing is there and `wait` is
+// false. Each descriptor passed with the bytes goes to `on_fd(fd, bytes read)`, which owns it.
+// What is there is taken at once; otherwise the wait is in poll() (WaitReadable).
+template <typename OnFd>
+Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, bool wait, const OnFd& on_fd) {
+  for (;;) {
+    iovec iov{buf, n};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    // What is there is taken at once; otherwise the wait is in poll().
     ssize_t r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!wait) return kNothingYet;
         if (!WaitReadable(fd)) return Unavailable("recvmsg: " + ErrnoText(errno));
         continue;
       }
-      if (errno == ECONNRESET) return got;
+      if (errno == ECONNRESET) return size_t{0};
       return Unavailable("recvmsg: " + ErrnoText(errno));
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
@@ -105,15 +111,28 @@ Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
       for (size_t i = 0; i < count; ++i) {
         int passed;
         std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (fd_out != nullptr && *fd_out < 0) {
-          *fd_out = passed;
-        } else {
-          ::close(passed);
-        }
+        on_fd(passed, static_cast<size_t>(r));
       }
     }
+    return static_cast<size_t>(r);
+  }
+}
+
+// Reads the header with recvmsg so a descriptor passed with the frame is received (the kernel
+// delivers it with the frame's first byte). Every descriptor but the first kept one is closed.
+Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
+  size_t got = 0;
+  while (got < n) {
+    GMUX_ASSIGN_OR_RETURN(const size_t r,
+                          RecvSome(fd, buf + got, n - got, /*wait=*/true, [&](int passed, size_t) {
+                            if (fd_out != nullptr && *fd_out < 0) {
+                              *fd_out = passed;
+                            } else {
+                              ::close(passed);
+                            }
+                          }));
     if (r == 0) return got;
-    got += static_cast<size_t>(r);
+    got += r;
   }
   return got;
 }
@@ -383,49 +402,22 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
     end_ -= begin_;
     begin_ = 0;
   }
-  for (;;) {
-    iovec iov{buf_.data() + end_, buf_.size() - end_};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!wait) return false;
-        if (!WaitReadable(fd_)) {
-          error = Unavailable("recvmsg: " + ErrnoText(errno));
-          return false;
-        }
-        continue;
-      }
-      if (errno == ECONNRESET) {
-        eof = true;
-        return false;
-      }
-      error = Unavailable("recvmsg: " + ErrnoText(errno));
-      return false;
-    }
-    const uint64_t from = offset_ + buffered();
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int passed;
-        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        passed_.push_back({passed, from, from + static_cast<uint64_t>(r)});
-      }
-    }
-    if (r == 0) {
-      eof = true;
-      return false;
-    }
-    end_ += static_cast<size_t>(r);
-    return true;
+  const uint64_t from = offset_ + buffered();
+  Result<size_t> r = RecvSome(fd_, buf_.data() + end_, buf_.size() - end_, wait,
+                              [&](int passed, size_t bytes) {
+                                passed_.push_back({passed, from, from + bytes});
+                              });
+  if (!r.ok()) {
+    error = r.status();
+    return false;
   }
+  if (*r == kNothingYet) return false;
+  if (*r == 0) {
+    eof = true;
+    return false;
+  }
+  end_ += *r;
+  return true;
 }
 
 int FrameReader::TakeFd(uint64_t at, uint64_t bytes) {

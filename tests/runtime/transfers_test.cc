@@ -6,6 +6,8 @@
 // (GMUX_SHM=0: everything inline in the stream) and transfers_tcp_test (over TLS).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -59,6 +61,48 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n * 4, back.data(), 0, nullptr, nullptr), CL_SUCCESS);
   for (size_t i = 0; i < n; i += 4096) ASSERT_EQ(back[i], static_cast<uint32_t>(i));
   EXPECT_EQ(back[1], src[1]);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  clReleaseMemObject(m);
+}
+
+// A forked child shares its parent's connection to gmuxd. Its calls must fail without reaching
+// the parent's session (a write would land in the parent's buffer, and its answer would be
+// taken for the parent's next request, which has the same number) and without reading it.
+TEST(TransfersTest, AForkedChildCannotUseItsParentsSession) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const size_t n = 1024;
+  auto mine = Pattern(n, 3);
+  cl_int err;
+  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * 4,
+                            mine.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto other = Pattern(n, 4);
+    int bad = 0;
+    clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, n * 4, other.data(), 0, nullptr, nullptr);
+    clFlush(d.queue);
+    if (clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, n * 4, other.data(), 0, nullptr,
+                             nullptr) == CL_SUCCESS) {
+      bad |= 1;
+    }
+    if (clFinish(d.queue) == CL_SUCCESS) bad |= 2;
+    ::_exit(bad);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "a call in the child succeeded (bits: 1 write, 2 finish)";
+  // The parent's session goes on as if the child had never been.
+  std::vector<uint32_t> back(n, 0);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n * 4, back.data(), 0, nullptr,
+                                  nullptr), CL_SUCCESS);
+    EXPECT_EQ(back, mine) << "the child's write reached the parent's buffer";
+  }
   ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
   clReleaseMemObject(m);
 }
