@@ -179,6 +179,12 @@ void Executor::Deliver() {
     Command& c = *e->job.cmd;
     if (c.finished) c.finished(e->status);
     c.event->Complete(e->status);
+    // What the closures hold (a write's staging buffer, a launch's arguments) goes now, not when
+    // the last reference to the command does: the client's event and its queue's records may
+    // keep the command long after, and a series of large writes would keep every buffer.
+    c.run = nullptr;
+    c.run_chunk = nullptr;
+    c.finished = nullptr;
   }
 }
 

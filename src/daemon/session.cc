@@ -265,33 +265,52 @@ std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, 
 
 namespace {
 
-// The last large staging buffer released, kept for the next: a large allocation is mapped
-// afresh each time, and faulting in and zeroing 256 MiB cost more than the transfer's copies
-// over TCP. One buffer, the largest released, up to kKeptMaxBytes; dropped when an allocation
-// fails (the tenant's memory limit counts it).
+// The last large staging buffers released, kept for the next transfers: a large allocation is
+// mapped afresh each time, and faulting in and zeroing 256 MiB cost more than the transfer's
+// copies over TCP. Two, so that a write that arrives while the previous one still copies to the
+// device (a blocking write over TCP returns once its data is sent) finds one too; the largest
+// released, together at most kKeptMaxBytes; all dropped when an allocation fails (the tenant's
+// memory limit counts them).
 constexpr size_t kKeptMinBytes = 1u << 20;
 constexpr size_t kKeptMaxBytes = 1u << 30;
-struct KeptBuffer {
+constexpr size_t kKeptBuffers = 2;
+struct KeptBuffers {
+  struct Kept {
+    std::unique_ptr<uint8_t[]> buf;
+    size_t capacity = 0;
+  };
   std::mutex mu;
-  std::unique_ptr<uint8_t[]> buf;
-  size_t capacity = 0;
+  std::vector<Kept> kept;
+  size_t Total() const {
+    size_t t = 0;
+    for (const Kept& k : kept) t += k.capacity;
+    return t;
+  }
 };
-KeptBuffer& Kept() {
-  static auto* k = new KeptBuffer();  // never destroyed: buffers may be released at exit
+KeptBuffers& Kept() {
+  static auto* k = new KeptBuffers();  // never destroyed: buffers may be released at exit
   return *k;
 }
 
 }  // namespace
 
 HostBuffer::HostBuffer(size_t n) : size_(n) {
-  KeptBuffer& k = Kept();
+  KeptBuffers& k = Kept();
   if (n >= kKeptMinBytes) {
     std::lock_guard<std::mutex> lock(k.mu);
-    // Not a buffer more than twice the size: its pages would be held for nothing.
-    if (k.buf && k.capacity >= n && k.capacity / 2 <= n) {
-      heap_ = std::move(k.buf);
-      capacity_ = k.capacity;
-      k.capacity = 0;
+    // The smallest that fits, but not one more than twice the size: its pages would be held for
+    // nothing.
+    auto best = k.kept.end();
+    for (auto it = k.kept.begin(); it != k.kept.end(); ++it) {
+      if (it->capacity >= n && it->capacity / 2 <= n &&
+          (best == k.kept.end() || it->capacity < best->capacity)) {
+        best = it;
+      }
+    }
+    if (best != k.kept.end()) {
+      heap_ = std::move(best->buf);
+      capacity_ = best->capacity;
+      k.kept.erase(best);
     }
   }
   if (!heap_) {
@@ -300,8 +319,7 @@ HostBuffer::HostBuffer(size_t n) : size_(n) {
     } catch (const std::bad_alloc&) {
       {
         std::lock_guard<std::mutex> lock(k.mu);
-        k.buf.reset();
-        k.capacity = 0;
+        k.kept.clear();
       }
       heap_.reset(new uint8_t[n]);
     }
@@ -313,11 +331,23 @@ HostBuffer::HostBuffer(size_t n) : size_(n) {
 HostBuffer::~HostBuffer() {
   if (mapped_) ::munmap(data_, size_);
   if (heap_ && capacity_ >= kKeptMinBytes && capacity_ <= kKeptMaxBytes) {
-    KeptBuffer& k = Kept();
+    KeptBuffers& k = Kept();
     std::lock_guard<std::mutex> lock(k.mu);
-    if (!k.buf || k.capacity < capacity_) {
-      k.buf = std::move(heap_);
-      k.capacity = capacity_;
+    // Kept in place of the smallest kept ones while the total would pass the bound or there
+    // are kKeptBuffers already; not kept if that would drop a larger one.
+    std::sort(k.kept.begin(), k.kept.end(),
+              [](const auto& a, const auto& b) { return a.capacity < b.capacity; });
+    size_t drop = 0;
+    size_t total = k.Total();
+    while (drop < k.kept.size() &&
+           (k.kept.size() - drop >= kKeptBuffers || total + capacity_ > kKeptMaxBytes) &&
+           k.kept[drop].capacity <= capacity_) {
+      total -= k.kept[drop].capacity;
+      ++drop;
+    }
+    if (k.kept.size() - drop < kKeptBuffers && total + capacity_ <= kKeptMaxBytes) {
+      k.kept.erase(k.kept.begin(), k.kept.begin() + static_cast<std::ptrdiff_t>(drop));
+      k.kept.push_back({std::move(heap_), capacity_});
     }
   }
 }
@@ -627,6 +657,10 @@ Status Session::Serve() {
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
       auto req = msg->root<wire::Request>();
       seq = req.getSeq();
+      // Bulk data in the stream takes a while to arrive: the commands before it (a large write
+      // whose data came first, say) start now, instead of after its last chunk, and release
+      // their staging buffers meanwhile. (Data in shared memory is there already.)
+      if (req.isBulkBegin() && !req.getBulkBegin().getShm()) SubmitPending();
       err = Handle(req, reply, replied);
     })) {
       // Decoding validated the message, so this is a limit hit while reading it.
