@@ -91,6 +91,11 @@ void Executor::Enqueue(Job job) {
     fail = CL_INVALID_OPERATION;
   }
   if (!j.whole && cmd->chunk_status != CL_SUCCESS) fail = cmd->chunk_status;  // an earlier chunk failed
+  // A finished command has dropped its closures (Deliver): nothing of it may run again.
+  if (fail == CL_SUCCESS && !(j.whole ? static_cast<bool>(cmd->run)
+                                      : static_cast<bool>(cmd->run_chunk))) {
+    fail = CL_INVALID_OPERATION;
+  }
   for (const auto& d : cmd->deps) {
     if (fail != CL_SUCCESS) break;
     cl_int st = d->status();
