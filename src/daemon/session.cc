@@ -330,6 +330,7 @@ HostBuffer::HostBuffer(size_t n) : size_(n) {
 
 HostBuffer::~HostBuffer() {
   if (mapped_) ::munmap(data_, size_);
+  std::vector<std::unique_ptr<uint8_t[]>> dropped;  // destroyed last, after the lock
   if (heap_ && capacity_ >= kKeptMinBytes && capacity_ <= kKeptMaxBytes) {
     KeptBuffers& k = Kept();
     std::lock_guard<std::mutex> lock(k.mu);
@@ -346,6 +347,8 @@ HostBuffer::~HostBuffer() {
       ++drop;
     }
     if (k.kept.size() - drop < kKeptBuffers && total + capacity_ <= kKeptMaxBytes) {
+      // Freed after the lock is let go (up to a GiB of pages to give back).
+      for (size_t i = 0; i < drop; ++i) dropped.push_back(std::move(k.kept[i].buf));
       k.kept.erase(k.kept.begin(), k.kept.begin() + static_cast<std::ptrdiff_t>(drop));
       k.kept.push_back({std::move(heap_), capacity_});
     }
@@ -657,10 +660,14 @@ Status Session::Serve() {
     KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
       auto req = msg->root<wire::Request>();
       seq = req.getSeq();
-      // Bulk data in the stream takes a while to arrive: the commands before it (a large write
-      // whose data came first, say) start now, instead of after its last chunk, and release
-      // their staging buffers meanwhile. (Data in shared memory is there already.)
-      if (req.isBulkBegin() && !req.getBulkBegin().getShm()) SubmitPending();
+      // Bulk data of several chunks in the stream takes a while to arrive: the commands before
+      // it (a large write whose data came first, say) start now, instead of after its last
+      // chunk, and release their staging buffers meanwhile. (Data in shared memory is there
+      // already, and a small transfer's commands stay in the batch.)
+      if (req.isBulkBegin() && !req.getBulkBegin().getShm() &&
+          req.getBulkBegin().getSize() > proto::kBulkChunkBytes) {
+        SubmitPending();
+      }
       err = Handle(req, reply, replied);
     })) {
       // Decoding validated the message, so this is a limit hit while reading it.

@@ -108,6 +108,10 @@ Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_
     err_ = CL_INVALID_EVENT_WAIT_LIST;
     return;
   }
+  if (Connection::Forked()) {
+    err_ = CL_DEVICE_NOT_AVAILABLE;  // the connection is the parent's
+    return;
+  }
   c_ = &Conn();
   e_ = b_.initRoot<wire::Request>().initEnqueue();
   e_.setQueue(q->id);

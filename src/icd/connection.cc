@@ -31,12 +31,12 @@ namespace wire = proto::wire;
 
 namespace {
 
-// Set in the child of a fork(): the connection (its socket, its request numbers, the worker's
-// idea of whose memory it copies) is the parent's, so the child's calls fail with
-// CL_DEVICE_NOT_AVAILABLE instead of sending on the parent's socket or taking its replies.
-// Checked before any lock is taken (a parent's thread may have held one at the fork).
+// Set in the child of a fork(): the connection (its socket, its request numbers, its pooled
+// shared memory, the worker's idea of whose memory it copies) is the parent's, so the child's
+// calls fail instead of sending on the parent's socket, taking its replies or writing into
+// shared buffers the parent still uses. Checked before the connection's own locks are taken
+// (a parent's thread may have held one at the fork).
 std::atomic<bool> g_forked{false};
-bool Forked() { return g_forked.load(std::memory_order_relaxed); }
 
 constexpr int kConnectTimeoutMs = 2000;
 // The hello is answered by the session's worker, which gmuxd may have to start first: under a
@@ -168,6 +168,9 @@ Connection* Connection::Get() {
 }
 
 Connection* Connection::Connect() {
+  // Before the socket exists, so no fork can come between the two.
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, [] { g_forked = true; }); });
   // GMUX_SOCKET wins, then GMUX_ADDRESS (TCP, identified by GMUX_TOKEN), then the default
   // socket.
   int fd = -1;
@@ -219,8 +222,6 @@ Connection* Connection::Connect() {
     conn->tenant_ = rep.getHello().getTenant();
     conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
     conn->hello_pid_ = ::getpid();
-    static std::once_flag atfork;
-    std::call_once(atfork, [] { ::pthread_atfork(nullptr, nullptr, [] { g_forked = true; }); });
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
     }
@@ -394,6 +395,7 @@ cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<prot
 }
 
 ShmBuffer Connection::AcquireShm(size_t size) {
+  if (Forked()) return {};
   {
     std::lock_guard<std::mutex> lock(shm_mu_);
     size_t best = shm_pool_.size();
@@ -439,6 +441,7 @@ void Connection::DestroyShmLocked(ShmBuffer buffer) {
 }
 
 void Connection::ReleaseShm(ShmBuffer buffer) {
+  if (Forked()) return;  // the pool is the parent's too
   if (!buffer.valid()) return;
   std::lock_guard<std::mutex> lock(shm_mu_);
   if (buffer.capacity > kShmKeepOneBytes) {
@@ -460,6 +463,7 @@ void Connection::ReleaseShm(ShmBuffer buffer) {
 }
 
 uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
+  if (Forked()) return 0;
   uint64_t token = NextId();
   *held = {};
   if (UseShm(size)) {
@@ -505,6 +509,7 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
 }
 
 uint64_t Connection::SendShm(const ShmBuffer& buffer, size_t size) {
+  if (Forked()) return 0;
   if (!buffer.valid() || size > buffer.capacity) return 0;
   uint64_t token = NextId();
   capnp::MallocMessageBuilder b;
@@ -517,8 +522,12 @@ uint64_t Connection::SendShm(const ShmBuffer& buffer, size_t size) {
   return SendLocked(b, /*may_batch=*/false, buffer.fd) == CL_SUCCESS ? token : 0;
 }
 
+bool Connection::Forked() { return g_forked.load(std::memory_order_relaxed); }
+
 bool Connection::StillRemote() {
-  if (!Forked() && ::getpid() == hello_pid_ && ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1) return true;
+  if (!Forked() && ::getpid() == hello_pid_ && ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1) {
+    return true;
+  }
   DisableRemote();
   return false;
 }

@@ -114,6 +114,10 @@ class Connection {
   static constexpr size_t kRemoteReadMinBytes = 64u << 10;
   static constexpr size_t kRemoteWriteMinBytes = 4u << 20;
 
+  // Whether this process is a fork()ed child of the one that connected: then every call fails
+  // (CL_DEVICE_NOT_AVAILABLE) without touching the connection, which is the parent's.
+  static bool Forked();
+
   // The first asynchronous error the daemon reported since the last call (CL_SUCCESS if none).
   cl_int TakeAsyncError();
 

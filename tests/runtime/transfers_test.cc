@@ -71,7 +71,7 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
 TEST(TransfersTest, AForkedChildCannotUseItsParentsSession) {
   ClDevice d;
   ASSERT_TRUE(OpenDevice(kGmux, d));
-  const size_t n = 1024;
+  const size_t n = (2u << 20) / 4;  // 2 MiB: through shared memory too, where it is used
   auto mine = Pattern(n, 3);
   cl_int err;
   cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * 4,
@@ -81,21 +81,35 @@ TEST(TransfersTest, AForkedChildCannotUseItsParentsSession) {
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    ::alarm(60);  // a child stuck on the parent's connection ends, and the test with it
     auto other = Pattern(n, 4);
     int bad = 0;
-    clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, n * 4, other.data(), 0, nullptr, nullptr);
-    clFlush(d.queue);
-    if (clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, n * 4, other.data(), 0, nullptr,
+    if (clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, n * 4, other.data(), 0, nullptr,
                              nullptr) == CL_SUCCESS) {
       bad |= 1;
     }
-    if (clFinish(d.queue) == CL_SUCCESS) bad |= 2;
+    clFlush(d.queue);
+    if (clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, n * 4, other.data(), 0, nullptr,
+                             nullptr) == CL_SUCCESS) {
+      bad |= 2;
+    }
+    if (clEnqueueWriteBuffer(d.queue, m, CL_TRUE, 0, 4096, other.data(), 0, nullptr,
+                             nullptr) == CL_SUCCESS) {
+      bad |= 4;
+    }
+    if (clEnqueueReadBuffer(d.queue, m, CL_FALSE, 0, n * 4, other.data(), 0, nullptr,
+                            nullptr) == CL_SUCCESS) {
+      bad |= 8;
+    }
+    if (clFinish(d.queue) == CL_SUCCESS) bad |= 16;
     ::_exit(bad);
   }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "a call in the child succeeded (bits: 1 write, 2 finish)";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "calls in the child succeeded (bits: 1 non-blocking write, 2 write, 4 small write, "
+         "8 non-blocking read, 16 finish)";
   // The parent's session goes on as if the child had never been.
   std::vector<uint32_t> back(n, 0);
   for (int i = 0; i < 3; ++i) {
