@@ -509,7 +509,6 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
 }
 
 uint64_t Connection::SendShm(const ShmBuffer& buffer, size_t size) {
-  if (Forked()) return 0;
   if (!buffer.valid() || size > buffer.capacity) return 0;
   uint64_t token = NextId();
   capnp::MallocMessageBuilder b;
@@ -639,18 +638,13 @@ void Connection::Disconnected() {
 }
 
 void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
-  // The waiting thread reads the socket itself when nobody else does: its reply then wakes it
+  // Never in a forked child (Wait and Call refuse first): reading would take the parent's
+  // replies. The waiting thread reads the socket itself when nobody else does: its reply then wakes it
   // straight from the kernel, not through another thread (a wake-up less per blocking call).
   ++waiters_;
   for (;;) {
     auto it = pending_.find(seq);
     if (it == pending_.end() || it->second.done) break;
-    if (Forked()) {
-      // A forked child shares the parent's socket: reading would take the parent's replies.
-      it->second.done = true;
-      it->second.status = CL_DEVICE_NOT_AVAILABLE;
-      break;
-    }
     if (!reading_ && !dead_) {
       reading_ = true;
       reader_is_waiter_ = true;
