@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <string>
@@ -327,12 +328,24 @@ TEST_F(SocketPairTest, ReaderTakesBatchesAndGivesEachDescriptorToItsFrame) {
 TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
   // A frame of 3 MiB (larger than the reader's buffer) between two small ones, written by
   // another thread in small pieces: the reader waits (calling before_wait) and gets each whole.
+  // The writer stops halfway through the large frame until the reader has said it waits, so
+  // the wait happens however the two threads are scheduled.
   std::vector<uint8_t> all;
   for (auto f : {SeqFrame(1, 10), SeqFrame(2, 3u << 20), SeqFrame(3, 10)}) {
     all.insert(all.end(), f.begin(), f.end());
   }
+  std::atomic<int> waits{0};
   std::thread writer([&] {
+    const size_t pause_at = all.size() / 2;
+    bool paused = false;
     for (size_t at = 0; at < all.size();) {
+      if (!paused && at >= pause_at) {
+        paused = true;
+        // Bounded, so that a reader that failed early cannot leave the writer hanging.
+        for (int i = 0; i < 50'000 && waits.load() == 0; ++i) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
       size_t n = std::min<size_t>(all.size() - at, 100'003);
       ASSERT_EQ(::write(fds_[0], all.data() + at, n), static_cast<ssize_t>(n));
       at += n;
@@ -340,7 +353,6 @@ TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
     }
   });
   FrameReader reader(fds_[1], FrameKind::kRequest, {});
-  int waits = 0;
   for (uint64_t want = 1; want <= 3; ++want) {
     auto m = reader.Next(nullptr, [&] { ++waits; });
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -351,7 +363,7 @@ TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
     for (uint8_t v : r.getBulkData().getData()) ASSERT_EQ(v, static_cast<uint8_t>(want));
   }
   writer.join();
-  EXPECT_GE(waits, 1);
+  EXPECT_GE(waits.load(), 1);
   // A close in the middle of a frame is data loss, between frames a clean end.
   auto f = SeqFrame(4, 64);
   ASSERT_EQ(::write(fds_[0], f.data(), f.size() - 8), static_cast<ssize_t>(f.size() - 8));

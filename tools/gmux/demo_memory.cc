@@ -36,6 +36,31 @@ __kernel void bump(__global uint* a) { a[get_global_id(0)] += 1u; }
 int LaunchesOf(int i) { return std::max(1, 4 - i); }
 int ThinkMsOf(int i) { return i == 0 ? 0 : 25 * i; }
 
+// What a tenant's exit status says about where it stopped.
+const char* SetupStep(int code) {
+  switch (code) {
+    case 3: return "switching to the tenant's uid";
+    case 10: return "clGetPlatformIDs";
+    case 11: return "clGetDeviceIDs";
+    case 12: return "clCreateContext";
+    case 13: return "creating the queue or building the program";
+    case 14: return "clCreateKernel";
+    case 15: return "clCreateBuffer";
+    case 16: return "clSetKernelArg";
+    case 17: return "telling the demo it is ready";
+    case 18: return "waiting for the start";
+    default: return "an unknown step";
+  }
+}
+
+// A set-up step that failed: said on stderr (which the tenant shares with the demo) with the
+// OpenCL error, and returned as the tenant's exit status (10-16, named by SetupStep()).
+int SetupFailed(int i, int code, cl_int err) {
+  std::fprintf(stderr, "gmux demo memory: tenant %d: %s failed (OpenCL error %d)\n", i,
+               SetupStep(code), err);
+  return code;
+}
+
 // One tenant process: a buffer of `mib` MiB with known contents; each round bumps every word
 // LaunchesOf(i) times (one launch + clFinish each), reads the whole buffer back and checks it
 // against the CPU's copy, then thinks. Writes "rounds mismatched_rounds seconds" and exits 0
@@ -43,15 +68,17 @@ int ThinkMsOf(int i) { return i == 0 ? 0 : 25 * i; }
 int TenantMain(int i, int mib, int rounds, int ready_fd, int start_fd) {
   cl_platform_id platform;
   cl_uint np = 0;
-  if (clGetPlatformIDs(1, &platform, &np) != CL_SUCCESS || np == 0) return 10;
+  cl_int err = clGetPlatformIDs(1, &platform, &np);
+  if (err != CL_SUCCESS || np == 0) return SetupFailed(i, 10, err);
   cl_device_id dev;
-  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr) != CL_SUCCESS) return 11;
-  cl_int err = CL_SUCCESS;
+  err = clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, nullptr);
+  if (err != CL_SUCCESS) return SetupFailed(i, 11, err);
   cl_context ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err);
-  if (ctx == nullptr) return 12;
+  if (ctx == nullptr) return SetupFailed(i, 12, err);
   cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+  if (q == nullptr) return SetupFailed(i, 13, err);
   cl_program p = clCreateProgramWithSource(ctx, 1, &kBump, nullptr, &err);
-  if (q == nullptr || p == nullptr) return 13;
+  if (p == nullptr) return SetupFailed(i, 13, err);
   if (cl_int b = clBuildProgram(p, 1, &dev, "", nullptr, nullptr); b != CL_SUCCESS) {
     char log[2048] = {};
     clGetProgramBuildInfo(p, dev, CL_PROGRAM_BUILD_LOG, sizeof(log) - 1, log, nullptr);
@@ -59,14 +86,15 @@ int TenantMain(int i, int mib, int rounds, int ready_fd, int start_fd) {
     return 13;
   }
   cl_kernel k = clCreateKernel(p, "bump", &err);
-  if (k == nullptr) return 14;
+  if (k == nullptr) return SetupFailed(i, 14, err);
   const size_t words = static_cast<size_t>(mib) * (1u << 20) / 4;
   std::vector<cl_uint> expect(words), back(words);
   for (size_t w = 0; w < words; ++w) expect[w] = static_cast<cl_uint>(w * 2654435761u + i);
   cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, words * 4,
                               expect.data(), &err);
-  if (buf == nullptr) return 15;
-  if (clSetKernelArg(k, 0, sizeof(cl_mem), &buf) != CL_SUCCESS) return 16;
+  if (buf == nullptr) return SetupFailed(i, 15, err);
+  err = clSetKernelArg(k, 0, sizeof(cl_mem), &buf);
+  if (err != CL_SUCCESS) return SetupFailed(i, 16, err);
   if (!WriteAll(ready_fd, "r")) return 17;
   char c = 0;
   if (::read(start_fd, &c, 1) != 1) return 18;
@@ -164,8 +192,8 @@ json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
   ok = StartAll(kids, &not_ready) && ok;
   json result;
   if (not_ready >= 0) {
-    result["error"] = "tenant t" + std::to_string(not_ready) +
-                      " failed while setting up (no device, context, program or buffer)";
+    // Completed with the tenant's exit status below, which names the step.
+    result["error"] = "tenant t" + std::to_string(not_ready) + " failed while setting up";
   }
   json tenants = json::array();
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
@@ -185,6 +213,12 @@ json RunOne(const DemoPaths& paths, const std::string& policy, double batch,
     int rounds = 0, bad = -1;
     double secs = 0;
     std::stringstream(out) >> rounds >> bad >> secs;
+    if (i == not_ready) {
+      result["error"] = result["error"].get<std::string>() +
+                        (status > 0 ? std::string(" at ") + SetupStep(status) + " (exit " +
+                                          std::to_string(status) + ")"
+                                    : std::string(" (it did not exit normally)"));
+    }
     if (status == DemoTenant::kTimedOut) {
       ok = false;
       if (!timed_out) {
