@@ -134,10 +134,16 @@ class CommandSink {
   virtual void Rescan(std::shared_ptr<EventRecord> ev) = 0;
   // Commands submitted and not yet completed.
   virtual uint64_t Outstanding() const = 0;
-  // Blocks until fewer than `limit` commands are outstanding, as a device's full command ring
-  // blocks its driver: true once there is room, false at once when none will come (every
-  // outstanding command is held behind an event no running command will set).
-  virtual bool WaitForRoom(uint64_t limit) = 0;
+  // Blocks until `room()` holds, checked again as commands finish (and every few ms, for what
+  // a finished command frees after its completion is counted), as a device's full command ring
+  // blocks its driver: true once it holds, false as soon as it cannot come (the worker stops,
+  // or every outstanding command, if any, is held behind an event no running command will
+  // set: the client would have to set it, and it waits for us).
+  virtual bool WaitUntil(const std::function<bool()>& room) = 0;
+  // Until fewer than `limit` commands are outstanding.
+  bool WaitForRoom(uint64_t limit) {
+    return WaitUntil([this, limit] { return Outstanding() < limit; });
+  }
   // The scheduler's JSON as this session's tenant may see it ("{}" when unavailable).
   virtual std::string Status() = 0;
 

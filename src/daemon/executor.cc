@@ -140,6 +140,8 @@ void Executor::Enqueue(Job job) {
 void Executor::Deliver() {
   std::vector<core::Completion> batch;
   std::vector<std::shared_ptr<Entry>> finished;
+  batch.swap(spare_done_);
+  finished.swap(spare_finished_);
   while (!inflight_.empty() && inflight_.front()->done) {
     std::shared_ptr<Entry> e = std::move(inflight_.front());
     inflight_.pop_front();
@@ -179,7 +181,7 @@ void Executor::Deliver() {
   }
   // The scheduler first: delivering to the client may block on its socket, which must never
   // hold up the device for other tenants.
-  if (!batch.empty()) on_complete_(device_, std::move(batch));
+  if (!batch.empty()) on_complete_(device_, batch);
   for (auto& e : finished) {
     Command& c = *e->job.cmd;
     if (c.finished) c.finished(e->status);
@@ -191,6 +193,10 @@ void Executor::Deliver() {
     c.run_chunk = nullptr;
     c.finished = nullptr;
   }
+  batch.clear();
+  finished.clear();
+  if (batch.capacity() > spare_done_.capacity()) batch.swap(spare_done_);
+  if (finished.capacity() > spare_finished_.capacity()) finished.swap(spare_finished_);
 }
 
 }  // namespace gmux::daemon

@@ -36,8 +36,9 @@ struct Job {
 
 class Executor {
  public:
-  // Receives the completions of one delivery round, in dispatch order.
-  using OnComplete = std::function<void(uint32_t device, std::vector<core::Completion> done)>;
+  // Receives the completions of one delivery round, in dispatch order (valid during the call).
+  using OnComplete =
+      std::function<void(uint32_t device, const std::vector<core::Completion>& done)>;
 
   // `post` takes a completion callback's work to the owner (called on the backend's thread).
   using Post = std::function<void(Mailbox::Task)>;
@@ -71,6 +72,13 @@ class Executor {
   Post post_;
   std::deque<std::shared_ptr<Entry>> inflight_;  // under the owner's lock
   std::vector<Ref<cl_command_queue>> unflushed_;  // under the owner's lock
+  // Deliver()'s vectors, kept between rounds with their capacity (a round's vectors grew from
+  // nothing each time: the allocations of a few KiB that pipelined launches made per round sent
+  // the C library's allocator through a consolidation of its small-chunk caches each time).
+  // Taken by swapping, so that a delivery nested in another (a completion that starts more
+  // commands) gets vectors of its own. Under the owner's lock.
+  std::vector<core::Completion> spare_done_;
+  std::vector<std::shared_ptr<Entry>> spare_finished_;
   // Completion callbacks registered with the backend and not yet delivered to the loop. Each
   // owns a reference to its entry (an entry can be collected by polling and leave inflight_
   // before its callback fires), and the owner does not destroy the executor while any is

@@ -1346,9 +1346,7 @@ Session::Err Session::BeginBulk(wire::BulkBegin::Reader r) {
     b = std::make_shared<Bulk>(*mapped);
     b->filled = r.getSize();
   } else {
-    uint64_t held = core_->bulk_bytes.load();
-    if (limits_.max_bulk_bytes != 0 && (r.getSize() > limits_.max_bulk_bytes ||
-                                        held + r.getSize() > limits_.max_bulk_bytes)) {
+    if (!StagingRoom(r.getSize())) {
       return {CL_OUT_OF_RESOURCES, "bulk transfer of " + std::to_string(r.getSize()) +
                                        " bytes exceeds the session's staging limit (max_bulk_bytes)"};
     }
@@ -1361,6 +1359,25 @@ Session::Err Session::BeginBulk(wire::BulkBegin::Reader r) {
   core_->bulk_bytes.fetch_add(b->bytes.staged());
   bulk_[r.getToken()] = std::move(b);
   return {};
+}
+
+bool Session::StagingRoom(uint64_t bytes) {
+  const uint64_t max = limits_.max_bulk_bytes;
+  if (max == 0) return true;
+  if (bytes > max) return false;
+  auto fits = [this, bytes, max] { return core_->bulk_bytes.load() + bytes <= max; };
+  if (fits()) return true;
+  // Full with what this session's earlier transfers hold: wait for them to free it, as a
+  // blocking call waits natively for the commands before it (a client streaming blocking writes
+  // faster than the device takes them, or behind a long kernel, was refused part of them).
+  SubmitPending();
+  for (;;) {
+    if (sink_.WaitUntil(fits) || fits()) return fits();
+    // Nothing outstanding can free it, but the writer may still be sending reads' data (which
+    // frees their staging once sent, after their commands completed).
+    if (core_->sending_bytes.load() == 0 || core_->closed.load()) return fits();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 Session::Err Session::TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out) {
@@ -1977,8 +1994,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
 
 Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
                                 std::shared_ptr<HostBuffer>& out) {
-  if (!shm && limits_.max_bulk_bytes != 0 &&
-      core_->bulk_bytes.load() + host_bytes > limits_.max_bulk_bytes) {
+  if (!shm && !StagingRoom(host_bytes)) {
     return {CL_OUT_OF_RESOURCES, "read exceeds the session's staging limit (max_bulk_bytes)"};
   }
   if (shm) {
@@ -2028,6 +2044,7 @@ std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> c
     } else {
       // The data goes out from the staging buffer on the writer thread (a client slow to read
       // it holds up only itself); the writer runs while `core` lives, so it needs no reference.
+      core->sending_bytes.fetch_add(staging->staged());
       core->Defer([c = core.get(), staging, seq] {
         size_t at = 0;
         do {
@@ -2050,6 +2067,7 @@ std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> c
           at += n;
         } while (at < staging->size());
         c->bulk_bytes.fetch_sub(staging->staged());
+        c->sending_bytes.fetch_sub(staging->staged());
       });
       return;
     }

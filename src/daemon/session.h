@@ -91,6 +91,9 @@ struct SessionCore {
   proto::FrameLimits limits;
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session
+  // Of those, reads' data handed to the writer thread and not yet sent: staging that frees
+  // itself with no command outstanding (Session::StagingRoom waits for it).
+  std::atomic<uint64_t> sending_bytes{0};
 
   SessionCore() = default;
   ~SessionCore();
@@ -231,6 +234,10 @@ class Session {
   Err ChargeMemory(const std::vector<uint32_t>& devices, uint64_t bytes, bool buffer,
                    std::shared_ptr<MemCharge>& out);
   Err RefuseBulk(uint64_t seq, uint64_t token, Err e);
+  // Whether `bytes` more can be staged within max_bulk_bytes: waits while this session's
+  // commands in flight (writes not yet run, reads not yet sent) can still free staging; false
+  // at once for more than the limit, or when what holds it cannot be freed without the client.
+  bool StagingRoom(uint64_t bytes);
   Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out);
   Err CreateImage(proto::wire::CreateImage::Reader r);
   // Host memory a read of `host_bytes` lands in: the client's shared memory passed with the

@@ -35,8 +35,8 @@ WorkerQueue::WorkerQueue(int ctl_fd, size_t devices, std::function<void()> on_br
     executors_.push_back(std::make_unique<Executor>(
         static_cast<uint32_t>(i),
         [this](Mailbox::Task t) { RunOrPost(std::move(t), /*device_callback=*/true); },
-        [this](uint32_t device, std::vector<core::Completion> done) {
-          OnComplete(device, std::move(done));
+        [this](uint32_t device, const std::vector<core::Completion>& done) {
+          OnComplete(device, done);
         }));
   }
 }
@@ -115,20 +115,22 @@ void WorkerQueue::Submit(std::vector<std::shared_ptr<Command>> cmds) {
       /*device_callback=*/false);
 }
 
-bool WorkerQueue::WaitForRoom(uint64_t limit) {
+bool WorkerQueue::WaitUntil(const std::function<bool()>& room) {
   room_waiters_.fetch_add(1);
-  bool room = true;
+  bool ok = true;
   {
     std::unique_lock<std::mutex> lock(room_mu_);
-    while (outstanding_.load() >= limit) {
+    while (!room()) {
       if (stop_) {
-        room = false;
+        ok = false;
         break;
       }
       if (parked_count_.load() >= outstanding_.load()) {
-        // Everything looks held. The loop decides, after what was posted before (a user
-        // event set just now, commands not accepted yet): held commands wait for an event
-        // that only a running command or the client could set, and the client waits for us.
+        // Everything looks held (or nothing is outstanding). The loop decides, after what was
+        // posted before (a user event set just now, commands not accepted yet, a completion
+        // whose command frees its buffers after it was counted): held commands wait for an
+        // event that only a running command or the client could set, and the client waits
+        // for us.
         lock.unlock();
         auto stuck = std::make_shared<std::promise<bool>>();
         auto f = stuck->get_future();
@@ -138,17 +140,17 @@ bool WorkerQueue::WaitForRoom(uint64_t limit) {
         const bool held = f.wait_for(std::chrono::seconds(5)) != std::future_status::ready ||
                           f.get();
         lock.lock();
-        if (held && outstanding_.load() >= limit) {
-          room = false;
+        if (held && !room()) {
+          ok = false;
           break;
         }
         continue;
       }
-      room_cv_.wait_for(lock, std::chrono::milliseconds(10));
+      room_cv_.wait_for(lock, std::chrono::milliseconds(2));
     }
   }
   room_waiters_.fetch_sub(1);
-  return room;
+  return ok;
 }
 
 void WorkerQueue::Rescan(std::shared_ptr<EventRecord> ev) {
@@ -413,11 +415,19 @@ const EventRecord* WorkerQueue::Blocker(const Command& c) const {
 }
 
 void WorkerQueue::TryRelease(const std::shared_ptr<Command>& first) {
-  // Iterative: releasing one command can release a long chain held behind it.
-  std::deque<std::shared_ptr<Command>> work{first};
-  while (!work.empty()) {
-    std::shared_ptr<Command> c = std::move(work.front());
-    work.pop_front();
+  // Iterative: releasing one command can release a long chain held behind it. The usual case,
+  // nothing held behind it, allocates nothing (a deque here cost two allocations per command).
+  std::vector<std::shared_ptr<Command>> work;
+  std::shared_ptr<Command> next = first;
+  for (size_t taken = 0;;) {
+    std::shared_ptr<Command> c;
+    if (next) {
+      c = std::move(next);
+    } else if (taken < work.size()) {
+      c = std::move(work[taken++]);
+    } else {
+      break;
+    }
     if (const EventRecord* b = Blocker(*c)) {
       parked_[const_cast<EventRecord*>(b)].push_back(std::move(c));
       parked_count_.fetch_add(1);
@@ -465,7 +475,7 @@ void WorkerQueue::Notify(EventRecord* ev) {
   for (auto& c : waiting) TryRelease(c);
 }
 
-void WorkerQueue::OnComplete(uint32_t device, std::vector<core::Completion> done) {
+void WorkerQueue::OnComplete(uint32_t device, const std::vector<core::Completion>& done) {
   std::vector<ctl::Done>& out = done_out_;
   bool freed = false;
   for (const auto& c : done) {

@@ -61,7 +61,7 @@ class WorkerQueue : public CommandSink {
   void Submit(std::vector<std::shared_ptr<Command>> cmds) override;
   void Rescan(std::shared_ptr<EventRecord> ev) override;
   uint64_t Outstanding() const override { return outstanding_.load(); }
-  bool WaitForRoom(uint64_t limit) override;
+  bool WaitUntil(const std::function<bool()>& room) override;
   std::string Status() override;
   MemoryAnswer ReserveMemory(uint32_t device, uint64_t bytes) override;
   void ReleaseMemory(uint32_t device, uint64_t bytes) override;
@@ -88,7 +88,7 @@ class WorkerQueue : public CommandSink {
   // `ev` changed (no longer held, dispatched, set or done): look at the commands parked on it.
   void Notify(EventRecord* ev);
   const EventRecord* Blocker(const Command& c) const;
-  void OnComplete(uint32_t device, std::vector<core::Completion> done);
+  void OnComplete(uint32_t device, const std::vector<core::Completion>& done);
   // Starts the commands express let through, then reports what became ready and what finished
   // to the broker (in that order). Called by the loop at the end of each round.
   // `force_report`: express starts too, however recent (a revoke's answer follows).

@@ -1508,6 +1508,118 @@ TEST_F(IsolationTest, SharedMemoryTransfersAreNotBoundByTheStagingLimit) {
   ExpectAlive("after transfers over the staging limit");
 }
 
+// A client that stages data faster than its commands run waits for room instead of being
+// refused: writes (and reads) queued behind a long kernel held more than `max_bulk_bytes`
+// together although each fits, and all but the first few were refused; natively they would all
+// succeed. Staging that only the client could free (writes held behind its own
+// user event) is still refused at once, never a hang.
+const char* kSlowSource = R"(
+__kernel void slow(__global uint* a, uint n) {
+  uint x = a[0];
+  for (uint i = 0; i < n; ++i) x = x * 1664525u + 1013904223u;
+  a[0] = x;
+}
+)";
+
+TEST_F(IsolationTest, StagedTransfersWaitForRoomInsteadOfBeingRefused) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartDaemon(TenantTable("stager", 171, "max_bulk_bytes = 4194304")));  // 4 MiB
+  Child c = Spawn(171, 120, [](Channel& ch) -> int {
+    constexpr size_t kPiece = 1u << 20, kPieces = 12;
+    GmuxDevice d;
+    cl_kernel k = nullptr;
+    cl_mem acc = nullptr;
+    const cl_uint zero = 0;
+    if (int rc = KernelOnBuffer(d, kSlowSource, "slow", sizeof(zero), &zero, &k, &acc)) return rc;
+    cl_int err = CL_SUCCESS;
+    cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kPiece * kPieces, nullptr, &err);
+    if (m == nullptr) return 53;
+    std::vector<uint32_t> data(kPiece * kPieces / 4);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint32_t>(i * 2654435761u);
+    // A kernel of a few hundred ms, then 12 MiB of writes behind it.
+    const cl_uint n = 200'000'000;
+    size_t one = 1;
+    if (clSetKernelArg(k, 1, sizeof(n), &n) != CL_SUCCESS ||
+        clEnqueueNDRangeKernel(d.queue, k, 1, nullptr, &one, nullptr, 0, nullptr, nullptr) !=
+            CL_SUCCESS) {
+      return 54;
+    }
+    for (size_t i = 0; i < kPieces; ++i) {
+      // Blocking and not, alternately (a non-blocking write's data is sent at once too).
+      err = clEnqueueWriteBuffer(d.queue, m, i % 2 == 0 ? CL_TRUE : CL_FALSE, i * kPiece, kPiece,
+                                 &data[i * kPiece / 4], 0, nullptr, nullptr);
+      if (err != CL_SUCCESS) {
+        ch.Send(static_cast<int64_t>(i));
+        ch.Send(err);
+        return 55;
+      }
+    }
+    std::vector<uint32_t> back(data.size());
+    if (clEnqueueReadBuffer(d.queue, m, CL_FALSE, 0, 2 * kPiece, back.data(), 0, nullptr,
+                            nullptr) != CL_SUCCESS ||
+        clEnqueueReadBuffer(d.queue, m, CL_FALSE, 2 * kPiece, 2 * kPiece, &back[kPiece / 2], 0,
+                            nullptr, nullptr) != CL_SUCCESS) {
+      return 56;
+    }
+    // A third non-blocking read of 2 MiB while the first two may still hold 4 MiB.
+    if (clEnqueueReadBuffer(d.queue, m, CL_FALSE, 4 * kPiece, 2 * kPiece, &back[kPiece], 0,
+                            nullptr, nullptr) != CL_SUCCESS ||
+        clFinish(d.queue) != CL_SUCCESS) {
+      return 57;
+    }
+    if (!std::equal(back.begin(), back.begin() + 6 * kPiece / 4, data.begin())) return 58;
+    // Held behind the client's own user event, 3 MiB staged; 2 MiB more cannot wait (only the
+    // client could free it, and it waits for the answer): refused at once, the rest intact.
+    cl_event gate = clCreateUserEvent(d.context, &err);
+    if (gate == nullptr) return 59;
+    if (clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 0, 3 * kPiece, back.data(), 1, &gate,
+                             nullptr) != CL_SUCCESS) {
+      return 60;
+    }
+    auto t0 = Clock::now();
+    cl_event second = nullptr;
+    err = clEnqueueWriteBuffer(d.queue, m, CL_FALSE, 3 * kPiece, 2 * kPiece, back.data(), 1,
+                               &gate, &second);
+    cl_int second_status = err;
+    if (err == CL_SUCCESS) {
+      clSetUserEventStatus(gate, CL_COMPLETE);
+      clWaitForEvents(1, &second);
+      clGetEventInfo(second, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(second_status),
+                     &second_status, nullptr);
+      clReleaseEvent(second);
+    } else {
+      clSetUserEventStatus(gate, CL_COMPLETE);
+    }
+    ch.Send(MsSince(t0));
+    // Refused: the call's error, or (the call returned before the answer) its event's.
+    if (second_status >= 0) return 61;
+    clFinish(d.queue);  // (it reports the refused command's failure)
+    if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, 3 * kPiece, data.data(), 0, nullptr,
+                            nullptr) != CL_SUCCESS ||
+        !std::equal(data.begin(), data.begin() + 3 * kPiece / 4, back.begin())) {
+      return 63;
+    }
+    clReleaseEvent(gate);
+    clReleaseMemObject(m);
+    clReleaseMemObject(acc);
+    clReleaseKernel(k);
+    return 0;
+  }, {{"GMUX_SHM", "0"}, {"GMUX_REMOTE_COPY", "0"}});
+  Outcome o = c.Wait(110s);
+  if (o.code == 55) {
+    auto at = c.Receive(1s);
+    auto err = c.Receive(1s);
+    ADD_FAILURE() << "blocking write " << (at ? *at : -1) << " behind a long kernel failed with "
+                  << (err ? *err : 0) << " (each fits the staging limit)";
+  }
+  std::optional<int64_t> refuse_ms = c.Receive(1s);
+  EXPECT_TRUE(o.ok()) << "staged transfers over the limit together: " << o.Describe();
+  if (refuse_ms) {
+    EXPECT_LT(*refuse_ms, 20'000) << "the refusal behind a user event took long";
+  }
+  ExpectAlive("after staged transfers that waited for room");
+}
+
 // One copy per transfer (daemon/remote_copy.h) lets a worker read and write its client's
 // memory; never the other way. A tenant's processes run as its worker's uid, yet cannot read or
 // write the worker's memory (process_vm_readv, /proc/PID/mem): the worker is not dumpable, so a
