@@ -649,10 +649,7 @@ Status Session::Serve() {
     // Commands go to the device in batches: once no more requests have arrived.
     auto msg = reader.Next(&passed_fd_, [this] { SubmitPending(); });
     if (!msg.ok()) return msg.status();
-    if (const uint64_t g = core_->limits_generation.load(); g != limits_seen_) {
-      limits_ = core_->SessionLimitsNow();
-      limits_seen_ = g;
-    }
+    RefreshLimits();
     capnp::MallocMessageBuilder reply(kj::arrayPtr(reply_scratch_.get(), kReplyScratchWords));
     bool replied = false;
     uint64_t seq = 0;
@@ -1362,21 +1359,43 @@ Session::Err Session::BeginBulk(wire::BulkBegin::Reader r) {
 }
 
 bool Session::StagingRoom(uint64_t bytes) {
-  const uint64_t max = limits_.max_bulk_bytes;
-  if (max == 0) return true;
-  if (bytes > max) return false;
-  auto fits = [this, bytes, max] { return core_->bulk_bytes.load() + bytes <= max; };
+  // The limit is read again while waiting: the tenant's share changes as its sessions come and
+  // go.
+  auto fits = [this, bytes] {
+    RefreshLimits();
+    const uint64_t max = limits_.max_bulk_bytes;
+    return max == 0 || (bytes <= max && core_->bulk_bytes.load() + bytes <= max);
+  };
   if (fits()) return true;
+  if (bytes > limits_.max_bulk_bytes) return false;
   // Full with what this session's earlier transfers hold: wait for them to free it, as a
-  // blocking call waits natively for the commands before it (a client streaming blocking writes
-  // faster than the device takes them, or behind a long kernel, was refused part of them).
+  // blocking call waits natively for the commands before it (writes or reads queued behind a
+  // long kernel were refused).
   SubmitPending();
-  for (;;) {
-    if (sink_.WaitUntil(fits) || fits()) return fits();
-    // Nothing outstanding can free it, but the writer may still be sending reads' data (which
-    // frees their staging once sent, after their commands completed).
-    if (core_->sending_bytes.load() == 0 || core_->closed.load()) return fits();
+  if (sink_.WaitUntil(fits) || fits()) return fits();
+  // Nothing outstanding can free it, but the writer may still be sending reads' data, which
+  // frees their staging once sent (after their commands completed). A client that does not
+  // read its replies stops that: refused after kSendStallLimit without progress.
+  constexpr auto kSendStallLimit = std::chrono::seconds(5);
+  uint64_t sending = core_->sending_bytes.load();
+  auto progress = std::chrono::steady_clock::now();
+  while (!fits() && sending != 0 && !core_->closed.load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto now = std::chrono::steady_clock::now();
+    if (const uint64_t s = core_->sending_bytes.load(); s != sending) {
+      sending = s;
+      progress = now;
+    } else if (now - progress > kSendStallLimit) {
+      break;
+    }
+  }
+  return fits();
+}
+
+void Session::RefreshLimits() {
+  if (const uint64_t g = core_->limits_generation.load(); g != limits_seen_) {
+    limits_ = core_->SessionLimitsNow();
+    limits_seen_ = g;
   }
 }
 

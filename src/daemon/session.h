@@ -238,6 +238,8 @@ class Session {
   // commands in flight (writes not yet run, reads not yet sent) can still free staging; false
   // at once for more than the limit, or when what holds it cannot be freed without the client.
   bool StagingRoom(uint64_t bytes);
+  // limits_ from the core when its generation moved (a share changed).
+  void RefreshLimits();
   Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out);
   Err CreateImage(proto::wire::CreateImage::Reader r);
   // Host memory a read of `host_bytes` lands in: the client's shared memory passed with the
