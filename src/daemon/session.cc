@@ -1372,10 +1372,11 @@ bool Session::StagingRoom(uint64_t bytes) {
   // blocking call waits natively for the commands before it (writes or reads queued behind a
   // long kernel were refused).
   SubmitPending();
-  if (sink_.WaitUntil(fits) || fits()) return fits();
-  // Nothing outstanding can free it, but the writer may still be sending reads' data, which
-  // frees their staging once sent (after their commands completed). A client that does not
-  // read its replies stops that: refused after kSendStallLimit without progress.
+  sink_.WaitUntil(fits);
+  // If it still does not fit, nothing outstanding can free it, but the writer may still be
+  // sending reads' data, which frees their staging once sent (after their commands completed).
+  // A client that does not read its replies stops that: refused after kSendStallLimit without
+  // progress.
   constexpr auto kSendStallLimit = std::chrono::seconds(5);
   uint64_t sending = core_->sending_bytes.load();
   auto progress = std::chrono::steady_clock::now();

@@ -639,8 +639,9 @@ void Connection::Disconnected() {
 
 void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
   // Never in a forked child (Wait and Call refuse first): reading would take the parent's
-  // replies. The waiting thread reads the socket itself when nobody else does: its reply then wakes it
-  // straight from the kernel, not through another thread (a wake-up less per blocking call).
+  // replies. The waiting thread reads the socket itself when nobody else does: its reply then
+  // wakes it straight from the kernel, not through another thread (a wake-up less per blocking
+  // call).
   ++waiters_;
   for (;;) {
     auto it = pending_.find(seq);
