@@ -328,15 +328,17 @@ TEST_F(SocketPairTest, ReaderTakesBatchesAndGivesEachDescriptorToItsFrame) {
 TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
   // A frame of 3 MiB (larger than the reader's buffer) between two small ones, written by
   // another thread in small pieces: the reader waits (calling before_wait) and gets each whole.
-  // The writer stops halfway through the large frame until the reader has said it waits, so
-  // the wait happens however the two threads are scheduled.
+  // The writer stops after the first frame until the reader has said it waits (for the next
+  // header), so the wait happens however the two threads are scheduled. (Not inside the large
+  // frame: its body is read with a blocking read that does not call before_wait.)
   std::vector<uint8_t> all;
+  size_t pause_at = 0;
   for (auto f : {SeqFrame(1, 10), SeqFrame(2, 3u << 20), SeqFrame(3, 10)}) {
+    if (pause_at == 0) pause_at = f.size();
     all.insert(all.end(), f.begin(), f.end());
   }
   std::atomic<int> waits{0};
   std::thread writer([&] {
-    const size_t pause_at = all.size() / 2;
     bool paused = false;
     for (size_t at = 0; at < all.size();) {
       if (!paused && at >= pause_at) {
@@ -347,6 +349,7 @@ TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
         }
       }
       size_t n = std::min<size_t>(all.size() - at, 100'003);
+      if (at < pause_at) n = std::min(n, pause_at - at);  // the first frame alone
       ASSERT_EQ(::write(fds_[0], all.data() + at, n), static_cast<ssize_t>(n));
       at += n;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
