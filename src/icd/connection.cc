@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 
 #include <cstdio>
 #include <cstdlib>
@@ -344,7 +345,10 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     p.dst = static_cast<uint8_t*>(dst);
     p.size = size;
     p.on_reply = std::move(on_reply);
-    if (!keep_shm) p.shm = shm;
+    if (!keep_shm && shm.valid()) {
+      p.shm = shm;
+      HeldInFlight();
+    }
     if (p.on_reply && ++async_pending_ == 1 && waiters_ == 0) reader_cv_.notify_one();
   }
   cl_int err = SendLocked(request, /*may_batch=*/false, shm.fd);
@@ -354,7 +358,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
       std::lock_guard<std::mutex> lock(mu_);
       Pending& p = pending_[seq];
       if (p.shm.valid()) {
-        ReleaseShm(p.shm);
+        ReleaseShm(p.shm, /*in_flight=*/true);
         p.shm = {};
       }
       p.done = true;
@@ -397,20 +401,59 @@ cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<prot
 ShmBuffer Connection::AcquireShm(size_t size) {
   if (Forked()) return {};
   {
-    std::lock_guard<std::mutex> lock(shm_mu_);
-    size_t best = shm_pool_.size();
-    for (size_t i = 0; i < shm_pool_.size(); ++i) {
-      if (shm_pool_[i].capacity >= size &&
-          (best == shm_pool_.size() || shm_pool_[i].capacity < shm_pool_[best].capacity)) {
-        best = i;
+    std::unique_lock<std::mutex> lock(shm_mu_);
+    // The smallest that fits; of equal ones the most recently released, so that a stream of
+    // transfers cycles through as few buffers as it can and the worker's cache of mappings
+    // (Session::MapShared, 16) keeps them: mapping one afresh costs more than its copy.
+    auto take = [&]() -> std::optional<ShmBuffer> {
+      size_t best = shm_pool_.size();
+      for (size_t i = 0; i < shm_pool_.size(); ++i) {
+        if (shm_pool_[i].capacity >= size &&
+            (best == shm_pool_.size() || shm_pool_[i].capacity <= shm_pool_[best].capacity)) {
+          best = i;
+        }
       }
-    }
-    if (best < shm_pool_.size()) {
+      if (best == shm_pool_.size()) return std::nullopt;
       ShmBuffer b = shm_pool_[best];
       shm_pool_.erase(shm_pool_.begin() + static_cast<ptrdiff_t>(best));
       return b;
+    };
+    if (auto b = take()) return *b;
+    // None free: wait for one that a reply gives back. With kShmInFlightMax in flight, until
+    // one comes (the device is behind; a native blocking write would wait for it too), unless
+    // a user event not set yet may hold them; otherwise as long as creating one would take.
+    const auto start = std::chrono::steady_clock::now();
+    const auto create = std::chrono::nanoseconds(
+        static_cast<int64_t>(shm_create_ns_per_byte_ * static_cast<double>(size)));
+    while (shm_in_flight_ > 0) {
+      const bool full = shm_in_flight_ >= kShmInFlightMax &&
+                        unset_user_events_.load(std::memory_order_relaxed) == 0;
+      if (shm_cv_.wait_until(lock, start + (full ? kShmFullWait : create)) ==
+          std::cv_status::timeout) {
+        break;
+      }
+      if (auto b = take()) return *b;
     }
+    if (auto b = take()) return *b;
   }
+  const auto created = std::chrono::steady_clock::now();
+  ShmBuffer made = CreateShm(size);
+  if (made.valid()) {
+    const double ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                              std::chrono::steady_clock::now() - created)
+                                              .count());
+    std::lock_guard<std::mutex> lock(shm_mu_);
+    shm_create_ns_per_byte_ = ns / static_cast<double>(made.capacity);
+  }
+  return made;
+}
+
+void Connection::HeldInFlight() {
+  std::lock_guard<std::mutex> lock(shm_mu_);
+  ++shm_in_flight_;
+}
+
+ShmBuffer Connection::CreateShm(size_t size) {
   // Round up so buffers are reused across nearby sizes: to a power of two up to 64 MiB, then to
   // a multiple of 64 MiB. (Powers of two all the way wasted up to half of a large buffer, and
   // the whole buffer is populated: a 2.3 GB transfer took 4 GiB of shared memory.)
@@ -440,10 +483,12 @@ void Connection::DestroyShmLocked(ShmBuffer buffer) {
   shm_forget_.push_back(buffer.inode);
 }
 
-void Connection::ReleaseShm(ShmBuffer buffer) {
+void Connection::ReleaseShm(ShmBuffer buffer, bool in_flight) {
   if (Forked()) return;  // the pool is the parent's too
   if (!buffer.valid()) return;
   std::lock_guard<std::mutex> lock(shm_mu_);
+  if (in_flight && shm_in_flight_ > 0) --shm_in_flight_;
+  shm_cv_.notify_all();
   if (buffer.capacity > kShmKeepOneBytes) {
     DestroyShmLocked(buffer);
     return;
@@ -577,7 +622,7 @@ bool Connection::ReadOne() {
       p.message = rep.getMessage();
       if (p.shm.valid()) {
         if (p.status == CL_SUCCESS && p.dst != nullptr) std::memcpy(p.dst, p.shm.map, p.size);
-        ReleaseShm(p.shm);
+        ReleaseShm(p.shm, /*in_flight=*/true);
         p.shm = {};
       }
     }

@@ -20,6 +20,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -94,10 +95,25 @@ class Connection {
   // Whether a transfer of `size` bytes should use shared memory.
   bool UseShm(size_t size) const { return shm_enabled_ && size >= kShmMinBytes; }
   // A pooled buffer of at least `size` bytes (invalid on failure); ReleaseShm returns it.
+  // When none is free but requests in flight hold some (ReleaseShm(b, true) on their replies),
+  // it waits for one of those rather than create one: a stream of writes that outruns its
+  // worker then reuses a few buffers, which stay in the worker's cache of mappings, instead of
+  // populating a new one per write (which costs more than the write's copy) and cycling
+  // through more than the worker keeps mapped. It waits no longer than creating one took last
+  // time, or, with kShmInFlightMax in flight, up to kShmFullWait, except while a user event
+  // is not set (a command held behind it holds its buffer until the caller sets it).
   ShmBuffer AcquireShm(size_t size);
-  void ReleaseShm(ShmBuffer buffer);
+  void ReleaseShm(ShmBuffer buffer, bool in_flight = false);
+  // A buffer now goes with a request whose reply releases it (ReleaseShm(buffer, true)).
+  void HeldInFlight();
 
   static constexpr size_t kShmMinBytes = 1u << 20;
+  static constexpr size_t kShmInFlightMax = 8;  // below the worker's 16 kept mappings
+  static constexpr auto kShmFullWait = std::chrono::seconds(2);
+
+  // User events created and not set yet (AcquireShm).
+  void UserEventCreated() { unset_user_events_.fetch_add(1, std::memory_order_relaxed); }
+  void UserEventSet() { unset_user_events_.fetch_sub(1, std::memory_order_relaxed); }
 
   // Whether a buffer read or write of `size` bytes should name the application's memory for
   // the worker to copy straight to or from (daemon/remote_copy.h): the worker said it may, and
@@ -154,7 +170,12 @@ class Connection {
   std::mutex shm_mu_;                 // guards shm_pool_ and shm_forget_ (after mu_ and send_mu_)
   std::vector<ShmBuffer> shm_pool_;   // oldest first
   std::vector<uint64_t> shm_forget_;  // inodes of destroyed buffers the daemon still maps
+  std::condition_variable shm_cv_;    // a buffer came back to the pool
+  size_t shm_in_flight_ = 0;          // buffers requests in flight release on their replies
+  double shm_create_ns_per_byte_ = 0; // what creating the last new buffer cost
+  std::atomic<int64_t> unset_user_events_{0};
   void DestroyShmLocked(ShmBuffer buffer);
+  ShmBuffer CreateShm(size_t size);  // a new memfd of at least `size` bytes, mapped
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off

@@ -65,6 +65,56 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   clReleaseMemObject(m);
 }
 
+// Writes through shared memory hold their buffer until the worker answered; a client that
+// outruns its worker waits for one instead of creating more (icd/connection.h, AcquireShm).
+// Writes held behind a user event must not wait for each other's buffers (the event is set
+// only after them), and a reused buffer must never carry an earlier write's bytes.
+TEST(TransfersTest, WritesBehindAUserEventAndStreamsOfWritesKeepEveryByte) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  constexpr size_t kWords = (1u << 20) / 4;  // 1 MiB per write: the shared-memory path
+  constexpr size_t kParts = 12;              // more than the ICD keeps in flight
+  cl_int err;
+  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kParts * kWords * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event gate = clCreateUserEvent(d.context, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<std::vector<uint32_t>> parts;
+  for (size_t i = 0; i < kParts; ++i) {
+    parts.push_back(Pattern(kWords, static_cast<uint32_t>(100 + i)));
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, m, CL_FALSE, i * kWords * 4, kWords * 4,
+                                   parts.back().data(), 1, &gate, nullptr),
+              CL_SUCCESS);
+  }
+  ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  std::vector<uint32_t> back(kWords);
+  for (size_t i = 0; i < kParts; ++i) {
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, i * kWords * 4, kWords * 4, back.data(),
+                                  0, nullptr, nullptr),
+              CL_SUCCESS);
+    ASSERT_EQ(back, parts[i]) << "part " << i;
+  }
+  // Blocking writes back to back, each part written three times over with a new pattern: the
+  // last one must be what stays.
+  for (uint32_t round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < kParts; ++i) {
+      parts[i] = Pattern(kWords, static_cast<uint32_t>(1000 * (round + 1) + i));
+      ASSERT_EQ(clEnqueueWriteBuffer(d.queue, m, CL_TRUE, i * kWords * 4, kWords * 4,
+                                     parts[i].data(), 0, nullptr, nullptr),
+                CL_SUCCESS);
+    }
+  }
+  for (size_t i = 0; i < kParts; ++i) {
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, i * kWords * 4, kWords * 4, back.data(),
+                                  0, nullptr, nullptr),
+              CL_SUCCESS);
+    ASSERT_EQ(back, parts[i]) << "part " << i << " after the stream";
+  }
+  clReleaseEvent(gate);
+  clReleaseMemObject(m);
+}
+
 // A forked child shares its parent's connection to gmuxd. Its calls must fail without reaching
 // the parent's session (a write would land in the parent's buffer, and its answer would be
 // taken for the parent's next request, which has the same number) and without reading it.
