@@ -118,16 +118,23 @@ class Connection {
   // Whether a buffer read or write of `size` bytes should name the application's memory for
   // the worker to copy straight to or from (daemon/remote_copy.h): the worker said it may, and
   // the transfer is large enough to gain. A blocking write below kRemoteWriteMinBytes returns
-  // sooner through the stream or shared memory (copied out, it need not wait for the device);
-  // a read always waits, and one copy wins from 64 KiB (docs/performance.md, "One copy").
+  // sooner through the stream or shared memory (copied out, it need not wait for the device).
+  // A read always waits: one copy wins over the stream from 64 KiB, but from 1 MiB up to
+  // kRemoteReadShmBelowBytes the two memcpy of shared memory beat one process_vm_writev, which
+  // copies at a third of memcpy's speed on one thread and costs more wake-ups (parallel
+  // copies win above; docs/performance.md, "One copy").
   bool UseRemote(size_t size, bool write) {
-    return size >= (write ? kRemoteWriteMinBytes : kRemoteReadMinBytes) &&
-           remote_copy_.load(std::memory_order_relaxed) && StillRemote();
+    if (write ? size < kRemoteWriteMinBytes
+              : size < kRemoteReadMinBytes || (UseShm(size) && size < kRemoteReadShmBelowBytes)) {
+      return false;
+    }
+    return remote_copy_.load(std::memory_order_relaxed) && StillRemote();
   }
   // The worker may no longer copy (the application changed its uid or dumpability): every
   // later transfer takes the copying paths.
   void DisableRemote() { remote_copy_ = false; }
   static constexpr size_t kRemoteReadMinBytes = 64u << 10;
+  static constexpr size_t kRemoteReadShmBelowBytes = 8u << 20;
   static constexpr size_t kRemoteWriteMinBytes = 4u << 20;
 
   // Whether this process is a fork()ed child of the one that connected: then every call fails
