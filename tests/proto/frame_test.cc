@@ -329,8 +329,7 @@ TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
   // A frame of 3 MiB (larger than the reader's buffer) between two small ones, written by
   // another thread in small pieces: the reader waits (calling before_wait) and gets each whole.
   // The writer stops after the first frame until the reader has said it waits (for the next
-  // header), so the wait happens however the two threads are scheduled. (Not inside the large
-  // frame: its body is read with a blocking read that does not call before_wait.)
+  // header), so the wait happens however the two threads are scheduled.
   std::vector<uint8_t> all;
   size_t pause_at = 0;
   for (auto f : {SeqFrame(1, 10), SeqFrame(2, 3u << 20), SeqFrame(3, 10)}) {
@@ -373,6 +372,39 @@ TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
   ::close(fds_[0]);
   fds_[0] = -1;
   EXPECT_EQ(reader.Next(nullptr).status().code(), StatusCode::kDataLoss);
+}
+
+TEST_F(SocketPairTest, ReaderSaysItWaitsInsideAFrameLargerThanItsBuffer) {
+  // A small frame, then the header and the first 100,000 bytes of a 3 MiB one, all in the
+  // socket before the reader starts: it needs no wait until the large frame's body runs dry,
+  // and must call before_wait there (the worker hands over its queued commands then). The rest
+  // is written only once it has (bounded at 10 s, for a reader that never says so).
+  std::vector<uint8_t> all;
+  for (auto f : {SeqFrame(1, 10), SeqFrame(2, 3u << 20)}) all.insert(all.end(), f.begin(), f.end());
+  const size_t first = SeqFrame(1, 10).size() + 100'000;
+  ASSERT_EQ(::write(fds_[0], all.data(), first), static_cast<ssize_t>(first));
+  std::atomic<int> waits{0};
+  std::thread writer([&] {
+    for (int i = 0; i < 50'000 && waits.load() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    for (size_t at = first; at < all.size();) {
+      size_t n = std::min<size_t>(all.size() - at, 100'003);
+      ASSERT_EQ(::write(fds_[0], all.data() + at, n), static_cast<ssize_t>(n));
+      at += n;
+    }
+  });
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  auto one = reader.Next(nullptr, [&] { ++waits; });
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(waits.load(), 0);  // all there
+  auto two = reader.Next(nullptr, [&] { ++waits; });
+  writer.join();
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->root<wire::Request>().getSeq(), 2u);
+  ASSERT_EQ(two->root<wire::Request>().getBulkData().getData().size(), 3u << 20);
+  for (uint8_t v : two->root<wire::Request>().getBulkData().getData()) ASSERT_EQ(v, 2);
+  EXPECT_EQ(waits.load(), 1);
 }
 
 TEST_F(SocketPairTest, ReaderRejectsABadHeaderAndAFrameOverTheLimit) {
