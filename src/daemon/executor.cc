@@ -3,13 +3,27 @@
 #include "daemon/remote_copy.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "daemon/session.h"
 
 namespace gmux::daemon {
 
 Executor::Executor(uint32_t device, Post post, OnComplete on_complete)
-    : device_(device), on_complete_(std::move(on_complete)), post_(std::move(post)) {}
+    : gate_(std::make_shared<Gate>()),
+      device_(device),
+      on_complete_(std::move(on_complete)),
+      post_(std::move(post)) {
+  gate_->self = this;
+}
+
+Executor::~Executor() { Close(); }
+
+void Executor::Close() {
+  gate_->open.store(false);
+  while (gate_->passing.load() != 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
 
 void Executor::Run(std::vector<Job>& jobs) {
   {
@@ -72,8 +86,13 @@ void Executor::OnDone(const std::shared_ptr<Entry>& e, cl_int status) {
 void CL_CALLBACK Executor::OnEvent(cl_event, cl_int status, void* user) {
   std::shared_ptr<Entry> e = std::move(*static_cast<std::shared_ptr<Entry>*>(user));
   delete static_cast<std::shared_ptr<Entry>*>(user);
-  Executor* self = e->self;
-  self->post_([self, e = std::move(e), status] { self->OnDone(e, status); });
+  std::shared_ptr<Gate> gate = e->gate;
+  gate->passing.fetch_add(1);
+  if (gate->open.load()) {
+    Executor* self = gate->self;
+    self->post_([self, e = std::move(e), status] { self->OnDone(e, status); });
+  }  // else closed: the owner stopped without waiting for this one
+  gate->passing.fetch_sub(1);
 }
 
 void Executor::Enqueue(Job job) {
@@ -81,7 +100,7 @@ void Executor::Enqueue(Job job) {
   std::shared_ptr<Command> cmd = job.cmd;
   const bool first = job.whole || job.range.begin == 0;
   entry->job = std::move(job);
-  entry->self = this;
+  entry->gate = gate_;
   inflight_.push_back(entry);
   const Job& j = entry->job;
 

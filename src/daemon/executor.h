@@ -43,6 +43,9 @@ class Executor {
   // `post` takes a completion callback's work to the owner (called on the backend's thread).
   using Post = std::function<void(Mailbox::Task)>;
   Executor(uint32_t device, Post post, OnComplete on_complete);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   // Under the owner's lock. Commands run in the order given; `jobs` is left empty (its
   // capacity kept for the owner's next batch).
@@ -51,15 +54,30 @@ class Executor {
   // Nothing in flight and no completion callback outstanding: safe to destroy.
   bool Idle() const { return inflight_.empty() && callbacks_.load() == 0; }
 
+  // Shuts the door on the backend's completion callbacks: one that fires later (its owner gave
+  // up waiting for the executor to be idle, WorkerQueue::Stop) is dropped instead of reaching
+  // a freed executor or owner. Waits for a callback passing through now. Called by the owner
+  // before it goes, and by the destructor; never from a callback.
+  void Close();
+
  private:
+  // What a callback goes through to reach its executor: closed, it turns callbacks away;
+  // `passing` counts those on their way in (Close() waits for them). No lock: a callback may
+  // run inside another on the same thread, and callbacks never wait for each other.
+  struct Gate {
+    std::atomic<bool> open{true};
+    std::atomic<int> passing{0};
+    Executor* self = nullptr;
+  };
   struct Entry {
     Job job;
     Ref<cl_event> ev;
     cl_int status = CL_QUEUED;
     bool done = false;
     bool watched = false;  // a completion callback is registered
-    Executor* self = nullptr;
+    std::shared_ptr<Gate> gate;
   };
+  std::shared_ptr<Gate> gate_;
   static void CL_CALLBACK OnEvent(cl_event ev, cl_int status, void* user);
 
   void Enqueue(Job job);
@@ -82,7 +100,7 @@ class Executor {
   // Completion callbacks registered with the backend and not yet delivered to the loop. Each
   // owns a reference to its entry (an entry can be collected by polling and leave inflight_
   // before its callback fires), and the owner does not destroy the executor while any is
-  // outstanding (Idle()), so a late callback never reaches a freed entry or executor.
+  // outstanding (Idle()) unless it gave up waiting; then Close() turns a late callback away.
   std::atomic<uint64_t> callbacks_{0};
 };
 

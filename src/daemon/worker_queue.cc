@@ -65,6 +65,9 @@ void WorkerQueue::Stop(std::chrono::milliseconds timeout) {
   thread_.join();
   // A thread that ran the queue's work when stop_ was set leaves before the queue goes.
   while (inline_runners_.load() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Callbacks still outstanding after the wait above timed out are dropped when they fire,
+  // instead of posting to this queue once it is gone.
+  for (auto& e : executors_) e->Close();
 }
 
 void WorkerQueue::RunOrPost(Mailbox::Task t, bool device_callback) {

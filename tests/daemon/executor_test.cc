@@ -1,0 +1,98 @@
+// The executor on the real backend (PoCL through its dispatch table, no daemon): a completion
+// callback that fires after the executor's owner stopped waiting for it and closed it is
+// dropped, never delivered to the freed executor.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "daemon/backend.h"
+#include "daemon/cl_ref.h"
+#include "daemon/command.h"
+#include "daemon/executor.h"
+
+namespace gmux::daemon {
+namespace {
+
+TEST(ExecutorTest, ACallbackFiringAfterTheExecutorClosedIsDropped) {
+  auto b = Backend::Open(BackendOptions{});
+  if (!b.ok()) GTEST_SKIP() << "no OpenCL backend";
+  std::unique_ptr<Backend> backend = std::move(b).value();
+  const cl_icd_dispatch& cl = backend->cl();
+  cl_device_id dev = backend->devices()[0];
+  cl_int err = CL_SUCCESS;
+  Ref<cl_context> ctx = Adopt(cl.clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  Ref<cl_command_queue> q = Adopt(cl.clCreateCommandQueue(ctx->h, dev, 0, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event gate = cl.clCreateUserEvent(ctx->h, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+
+  std::atomic<int> posted{0}, delivered{0};
+  auto ex = std::make_unique<Executor>(
+      0, [&](Mailbox::Task t) {
+        ++posted;
+        t();
+      },
+      [&](uint32_t, const std::vector<core::Completion>&) { ++delivered; });
+  // A command held behind the user event: its completion callback stays outstanding.
+  auto cmd = std::make_shared<Command>();
+  cmd->queue = q;
+  cmd->event = std::make_shared<EventRecord>(1, /*user=*/false, 0);
+  cmd->run = [&cl, gate](cl_command_queue cq, const std::vector<cl_event>&, cl_event* out) {
+    return cl.clEnqueueMarkerWithWaitList(cq, 1, &gate, out);
+  };
+  std::vector<Job> jobs(1);
+  jobs[0].cmd = cmd;
+  ex->Run(jobs);
+  EXPECT_FALSE(ex->Idle());
+  // The owner gives up on it (WorkerQueue::Stop's timeout) and goes.
+  ex->Close();
+  ex.reset();
+  ASSERT_EQ(cl.clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(cl.clFinish(q->h), CL_SUCCESS);
+  // The backend's callback thread runs the callback after the marker completed.
+  Ref<cl_event> marker = cmd->event->backend();
+  ASSERT_TRUE(marker);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(posted.load(), 0);
+  EXPECT_EQ(delivered.load(), 0);
+  cl.clReleaseEvent(gate);
+
+  // An open executor delivers the same command's completion.
+  auto ex2 = std::make_unique<Executor>(
+      0, [&](Mailbox::Task t) {
+        ++posted;
+        t();
+      },
+      [&](uint32_t, const std::vector<core::Completion>&) { ++delivered; });
+  cl_event gate2 = cl.clCreateUserEvent(ctx->h, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  auto cmd2 = std::make_shared<Command>();
+  cmd2->queue = q;
+  cmd2->event = std::make_shared<EventRecord>(2, /*user=*/false, 0);
+  cmd2->run = [&cl, gate2](cl_command_queue cq, const std::vector<cl_event>&, cl_event* out) {
+    return cl.clEnqueueMarkerWithWaitList(cq, 1, &gate2, out);
+  };
+  jobs.resize(1);
+  jobs[0].cmd = cmd2;
+  ex2->Run(jobs);
+  ASSERT_EQ(cl.clSetUserEventStatus(gate2, CL_COMPLETE), CL_SUCCESS);
+  ASSERT_EQ(cl.clFinish(q->h), CL_SUCCESS);
+  for (int i = 0; i < 500 && delivered.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(delivered.load(), 1);
+  EXPECT_TRUE(cmd2->event->done());
+  for (int i = 0; i < 500 && !ex2->Idle(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(ex2->Idle());
+  cl.clReleaseEvent(gate2);
+}
+
+}  // namespace
+}  // namespace gmux::daemon
