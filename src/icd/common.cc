@@ -144,9 +144,7 @@ uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, b
 
 cl_int Enqueuer::PostReleasing(ShmBuffer held) {
   if (!held.valid()) return Post();
-  Connection* c = c_;
-  c->HeldInFlight();
-  c_->Begin(b_, nullptr, 0, [c, held](cl_int) { c->ReleaseShm(held, /*in_flight=*/true); });
+  c_->PostReleasing(b_, held);
   MakeEvent();
   return CL_SUCCESS;
 }

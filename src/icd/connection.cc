@@ -347,7 +347,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     p.on_reply = std::move(on_reply);
     if (!keep_shm && shm.valid()) {
       p.shm = shm;
-      HeldInFlight();
+      HeldInFlight(shm);
     }
     if (p.on_reply && ++async_pending_ == 1 && waiters_ == 0) reader_cv_.notify_one();
   }
@@ -361,6 +361,10 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
         ReleaseShm(p.shm, /*in_flight=*/true);
         p.shm = {};
       }
+      if (p.release.valid()) {
+        ReleaseShm(p.release, /*in_flight=*/true);
+        p.release = {};
+      }
       p.done = true;
       p.status = err;
       cb = std::move(p.on_reply);
@@ -372,6 +376,32 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     if (cb) cb(err);
   }
   return seq;
+}
+
+cl_int Connection::PostReleasing(capnp::MallocMessageBuilder& request, ShmBuffer held) {
+  if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
+  uint64_t seq = next_seq_.fetch_add(1);
+  request.getRoot<wire::Request>().setSeq(seq);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Pending& p = pending_[seq];
+    p.on_reply = [](cl_int) {};  // nobody waits: the reader drops the answer
+    p.release = held;
+    HeldInFlight(held);
+    if (++async_pending_ == 1 && waiters_ == 0) reader_cv_.notify_one();
+  }
+  cl_int err = SendLocked(request, /*may_batch=*/false);
+  if (err != CL_SUCCESS) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(seq);
+    if (it != pending_.end() && !it->second.done) {
+      // Not sent: nobody will answer (a reply racing in was handled by the reader already).
+      ReleaseShm(it->second.release, /*in_flight=*/true);
+      pending_.erase(it);
+      --async_pending_;
+    }
+  }
+  return err;
 }
 
 cl_int Connection::Wait(uint64_t seq) {
@@ -419,19 +449,23 @@ ShmBuffer Connection::AcquireShm(size_t size) {
       return b;
     };
     if (auto b = take()) return *b;
-    // None free: wait for one that a reply gives back. With kShmInFlightMax in flight, until
-    // one comes (the device is behind; a native blocking write would wait for it too), unless
-    // a user event not set yet may hold them; otherwise as long as creating one would take.
+    // None free: wait for one in flight that would fit and come back to the pool (see the
+    // header), as long as creating one would take, or eight times that (5 ms to 2 s) with
+    // kShmInFlightMax in flight.
     const auto start = std::chrono::steady_clock::now();
     const auto create = std::chrono::nanoseconds(
         static_cast<int64_t>(shm_create_ns_per_byte_ * static_cast<double>(size)));
-    while (shm_in_flight_ > 0) {
-      const bool full = shm_in_flight_ >= kShmInFlightMax &&
-                        unset_user_events_.load(std::memory_order_relaxed) == 0;
-      if (shm_cv_.wait_until(lock, start + (full ? kShmFullWait : create)) ==
-          std::cv_status::timeout) {
-        break;
+    auto fitting = [&] {
+      auto from = shm_in_flight_.lower_bound(size);
+      return from != shm_in_flight_.end() && *from <= kShmKeepOneBytes && !lost_.load();
+    };
+    while (fitting()) {
+      auto wait = create;
+      if (shm_in_flight_.size() >= kShmInFlightMax) {
+        wait = std::clamp<std::chrono::nanoseconds>(8 * create, std::chrono::milliseconds(5),
+                                                    std::chrono::seconds(2));
       }
+      if (shm_cv_.wait_until(lock, start + wait) == std::cv_status::timeout) break;
       if (auto b = take()) return *b;
     }
     if (auto b = take()) return *b;
@@ -448,9 +482,9 @@ ShmBuffer Connection::AcquireShm(size_t size) {
   return made;
 }
 
-void Connection::HeldInFlight() {
+void Connection::HeldInFlight(const ShmBuffer& buffer) {
   std::lock_guard<std::mutex> lock(shm_mu_);
-  ++shm_in_flight_;
+  shm_in_flight_.insert(buffer.capacity);
 }
 
 ShmBuffer Connection::CreateShm(size_t size) {
@@ -487,7 +521,11 @@ void Connection::ReleaseShm(ShmBuffer buffer, bool in_flight) {
   if (Forked()) return;  // the pool is the parent's too
   if (!buffer.valid()) return;
   std::lock_guard<std::mutex> lock(shm_mu_);
-  if (in_flight && shm_in_flight_ > 0) --shm_in_flight_;
+  if (in_flight) {
+    if (auto it = shm_in_flight_.find(buffer.capacity); it != shm_in_flight_.end()) {
+      shm_in_flight_.erase(it);
+    }
+  }
   shm_cv_.notify_all();
   if (buffer.capacity > kShmKeepOneBytes) {
     DestroyShmLocked(buffer);
@@ -626,6 +664,10 @@ bool Connection::ReadOne() {
         p.shm = {};
       }
     }
+    if (p.release.valid()) {
+      ReleaseShm(p.release, /*in_flight=*/true);
+      p.release = {};
+    }
     if (!complete) return;
     p.done = true;
     if (p.on_reply) {
@@ -659,11 +701,17 @@ void Connection::Disconnected() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     dead_ = true;
+    lost_ = true;
     for (auto it = pending_.begin(); it != pending_.end();) {
       Pending& p = it->second;
       if (!p.done) {
         p.done = true;
         p.status = CL_DEVICE_NOT_AVAILABLE;
+        // No answer will come: the buffers go back (a read's data is not copied).
+        for (ShmBuffer* b : {&p.shm, &p.release}) {
+          if (b->valid()) ReleaseShm(*b, /*in_flight=*/true);
+          *b = {};
+        }
         if (p.on_reply) {
           orphans.push_back(std::move(p.on_reply));
           it = pending_.erase(it);

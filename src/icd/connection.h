@@ -20,11 +20,11 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -81,6 +81,10 @@ class Connection {
   uint64_t Begin(capnp::MallocMessageBuilder& request, void* dst = nullptr, size_t size = 0,
                  std::function<void(cl_int)> on_reply = nullptr, ShmBuffer shm = {},
                  bool keep_shm = false);
+  // Sends a request that consumes bulk data in `held` (already sent, SendBulk) and asks for an
+  // answer without anyone waiting for it: the reader gives `held` back when it comes (or the
+  // connection is lost), on its own thread, never behind the application's callbacks.
+  cl_int PostReleasing(capnp::MallocMessageBuilder& request, ShmBuffer held);
   cl_int Wait(uint64_t seq);
 
   // Sends `size` bytes as bulk data under a new token and returns the token (0 on failure).
@@ -95,25 +99,19 @@ class Connection {
   // Whether a transfer of `size` bytes should use shared memory.
   bool UseShm(size_t size) const { return shm_enabled_ && size >= kShmMinBytes; }
   // A pooled buffer of at least `size` bytes (invalid on failure); ReleaseShm returns it.
-  // When none is free but requests in flight hold some (ReleaseShm(b, true) on their replies),
-  // it waits for one of those rather than create one: a stream of writes that outruns its
-  // worker then reuses a few buffers, which stay in the worker's cache of mappings, instead of
-  // populating a new one per write (which costs more than the write's copy) and cycling
-  // through more than the worker keeps mapped. It waits no longer than creating one took last
-  // time, or, with kShmInFlightMax in flight, up to kShmFullWait, except while a user event
-  // is not set (a command held behind it holds its buffer until the caller sets it).
+  // When none is free but requests in flight hold one that would fit (given back by the reader
+  // when their replies come), it waits for it rather than create one: a stream of writes that
+  // outruns its worker then reuses a few buffers, which stay in the worker's cache of mappings,
+  // instead of populating a new one per write (which costs more than the write's copy) and
+  // cycling through more than the worker keeps mapped. It waits as long as creating one took
+  // last time; with kShmInFlightMax in flight, eight times that (5 ms to 2 s), so that a stream
+  // progressing at any pace reuses its buffers, while one stuck behind a long kernel (or a
+  // user event) costs a few milliseconds per buffer, not a stall.
   ShmBuffer AcquireShm(size_t size);
   void ReleaseShm(ShmBuffer buffer, bool in_flight = false);
-  // A buffer now goes with a request whose reply releases it (ReleaseShm(buffer, true)).
-  void HeldInFlight();
 
   static constexpr size_t kShmMinBytes = 1u << 20;
   static constexpr size_t kShmInFlightMax = 8;  // below the worker's 16 kept mappings
-  static constexpr auto kShmFullWait = std::chrono::seconds(2);
-
-  // User events created and not set yet (AcquireShm).
-  void UserEventCreated() { unset_user_events_.fetch_add(1, std::memory_order_relaxed); }
-  void UserEventSet() { unset_user_events_.fetch_sub(1, std::memory_order_relaxed); }
 
   // Whether a buffer read or write of `size` bytes should name the application's memory for
   // the worker to copy straight to or from (daemon/remote_copy.h): the worker said it may, and
@@ -167,7 +165,10 @@ class Connection {
     size_t size = 0;
     std::function<void(cl_int)> on_reply;
     ShmBuffer shm;  // a buffer to copy from (into dst) and release when the reply comes
+    ShmBuffer release;  // a buffer the request consumed, released when the reply comes
   };
+  // A buffer now goes with a request in flight; the reader releases it (ReleaseShm(b, true)).
+  void HeldInFlight(const ShmBuffer& buffer);
   // Pooled shared memory kept for reuse: the most recently released buffers up to
   // kShmPoolBytes, and always the last released one up to kShmKeepOneBytes, so an application
   // repeating transfers larger than the pool reuses one buffer (creating and populating a
@@ -178,9 +179,9 @@ class Connection {
   std::vector<ShmBuffer> shm_pool_;   // oldest first
   std::vector<uint64_t> shm_forget_;  // inodes of destroyed buffers the daemon still maps
   std::condition_variable shm_cv_;    // a buffer came back to the pool
-  size_t shm_in_flight_ = 0;          // buffers requests in flight release on their replies
+  std::multiset<size_t> shm_in_flight_;  // capacities of the buffers requests in flight hold
   double shm_create_ns_per_byte_ = 0; // what creating the last new buffer cost
-  std::atomic<int64_t> unset_user_events_{0};
+  std::atomic<bool> lost_{false};     // dead_, for AcquireShm (which does not take mu_)
   void DestroyShmLocked(ShmBuffer buffer);
   ShmBuffer CreateShm(size_t size);  // a new memfd of at least `size` bytes, mapped
 

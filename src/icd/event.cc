@@ -87,7 +87,6 @@ cl_event CL_API_CALL CreateUserEvent(cl_context ctx, cl_int* err) {
   r.setId(e->id);
   r.setContext(ctx->id);
   c.Post(b);
-  c.UserEventCreated();
   SetErr(err, CL_SUCCESS);
   return e;
 }
@@ -99,9 +98,6 @@ cl_int CL_API_CALL SetUserEventStatus(cl_event e, cl_int status) {
   auto r = b.initRoot<wire::Request>().initSetUserEventStatus();
   r.setId(e->id);
   r.setStatus(status);
-  Connection& c = Conn();
-  cl_int st = c.Call(b);
-  if (st == CL_SUCCESS) c.UserEventSet();  // the daemon refuses to set one twice
-  return st;
+  return Conn().Call(b);
 }
 }  // namespace gmux::icd

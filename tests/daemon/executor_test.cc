@@ -52,12 +52,16 @@ TEST(ExecutorTest, ACallbackFiringAfterTheExecutorClosedIsDropped) {
   // The owner gives up on it (WorkerQueue::Stop's timeout) and goes.
   ex->Close();
   ex.reset();
+  ASSERT_TRUE(cmd->event->backend());
+  ASSERT_GT(cmd.use_count(), 1);  // the callback's reference to its entry holds the command
   ASSERT_EQ(cl.clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
   ASSERT_EQ(cl.clFinish(q->h), CL_SUCCESS);
-  // The backend's callback thread runs the callback after the marker completed.
-  Ref<cl_event> marker = cmd->event->backend();
-  ASSERT_TRUE(marker);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The callback ran (and dropped its entry, the command's last holder but this test) once the
+  // command is ours alone.
+  for (int i = 0; i < 1000 && cmd.use_count() > 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(cmd.use_count(), 1) << "the backend never ran the callback";
   EXPECT_EQ(posted.load(), 0);
   EXPECT_EQ(delivered.load(), 0);
   cl.clReleaseEvent(gate);
@@ -82,14 +86,14 @@ TEST(ExecutorTest, ACallbackFiringAfterTheExecutorClosedIsDropped) {
   ex2->Run(jobs);
   ASSERT_EQ(cl.clSetUserEventStatus(gate2, CL_COMPLETE), CL_SUCCESS);
   ASSERT_EQ(cl.clFinish(q->h), CL_SUCCESS);
-  for (int i = 0; i < 500 && delivered.load() == 0; ++i) {
+  for (int i = 0; i < 1000 && delivered.load() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  // Closing waits for the callback still passing (delivery runs inside it here), so what it
+  // did is complete and seen from this thread afterwards.
+  ex2->Close();
   EXPECT_EQ(delivered.load(), 1);
   EXPECT_TRUE(cmd2->event->done());
-  for (int i = 0; i < 500 && !ex2->Idle(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
   EXPECT_TRUE(ex2->Idle());
   cl.clReleaseEvent(gate2);
 }

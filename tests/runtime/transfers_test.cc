@@ -67,8 +67,9 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
 
 // Writes through shared memory hold their buffer until the worker answered; a client that
 // outruns its worker waits for one instead of creating more (icd/connection.h, AcquireShm).
-// Writes held behind a user event must not wait for each other's buffers (the event is set
-// only after them), and a reused buffer must never carry an earlier write's bytes.
+// Writes held behind a user event cannot get theirs back before the event is set, after them:
+// they must still go through (after a bounded wait each), and a reused buffer must never carry
+// an earlier write's bytes.
 TEST(TransfersTest, WritesBehindAUserEventAndStreamsOfWritesKeepEveryByte) {
   ClDevice d;
   ASSERT_TRUE(OpenDevice(kGmux, d));
