@@ -331,7 +331,8 @@ cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
 }
 
 uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
-                           std::function<void(cl_int)> on_reply, ShmBuffer shm, bool keep_shm) {
+                           std::function<void(cl_int)> on_reply, ShmBuffer shm, bool keep_shm,
+                           ShmBuffer release) {
   if (Forked()) {
     // Nothing is sent and nothing waited for (Wait(0) answers CL_DEVICE_NOT_AVAILABLE).
     if (on_reply) on_reply(CL_DEVICE_NOT_AVAILABLE);
@@ -348,6 +349,10 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     if (!keep_shm && shm.valid()) {
       p.shm = shm;
       HeldInFlight(shm);
+    }
+    if (release.valid()) {
+      p.release = release;
+      HeldInFlight(release);
     }
     if (p.on_reply && ++async_pending_ == 1 && waiters_ == 0) reader_cv_.notify_one();
   }
@@ -376,32 +381,6 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     if (cb) cb(err);
   }
   return seq;
-}
-
-cl_int Connection::PostReleasing(capnp::MallocMessageBuilder& request, ShmBuffer held) {
-  if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
-  uint64_t seq = next_seq_.fetch_add(1);
-  request.getRoot<wire::Request>().setSeq(seq);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Pending& p = pending_[seq];
-    p.on_reply = [](cl_int) {};  // nobody waits: the reader drops the answer
-    p.release = held;
-    HeldInFlight(held);
-    if (++async_pending_ == 1 && waiters_ == 0) reader_cv_.notify_one();
-  }
-  cl_int err = SendLocked(request, /*may_batch=*/false);
-  if (err != CL_SUCCESS) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(seq);
-    if (it != pending_.end() && !it->second.done) {
-      // Not sent: nobody will answer (a reply racing in was handled by the reader already).
-      ReleaseShm(it->second.release, /*in_flight=*/true);
-      pending_.erase(it);
-      --async_pending_;
-    }
-  }
-  return err;
 }
 
 cl_int Connection::Wait(uint64_t seq) {

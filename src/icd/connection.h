@@ -78,13 +78,12 @@ class Connection {
   // `dst` when it arrives, and the buffer goes back to the pool; its descriptor goes with the
   // request. With `keep_shm` the reply leaves the buffer alone (no copy, not released): the
   // caller reads the data in place (a mapping backed by the buffer) and releases it itself.
+  // With `release` (a buffer whose data the request consumes, already sent by SendBulk), the
+  // reader gives it back when the reply comes (or the connection is lost), on its own thread,
+  // never behind the application's callbacks.
   uint64_t Begin(capnp::MallocMessageBuilder& request, void* dst = nullptr, size_t size = 0,
                  std::function<void(cl_int)> on_reply = nullptr, ShmBuffer shm = {},
-                 bool keep_shm = false);
-  // Sends a request that consumes bulk data in `held` (already sent, SendBulk) and asks for an
-  // answer without anyone waiting for it: the reader gives `held` back when it comes (or the
-  // connection is lost), on its own thread, never behind the application's callbacks.
-  cl_int PostReleasing(capnp::MallocMessageBuilder& request, ShmBuffer held);
+                 bool keep_shm = false, ShmBuffer release = {});
   cl_int Wait(uint64_t seq);
 
   // Sends `size` bytes as bulk data under a new token and returns the token (0 on failure).

@@ -53,27 +53,6 @@ Result<size_t> ReadFully(int fd, void* buf, size_t n) {
   return got;
 }
 
-// Reads up to n bytes that `fd` has now, without waiting: fewer at EOF, or when no more has
-// arrived yet (or `fd` is not a socket: then nothing).
-Result<size_t> ReadAvailable(int fd, void* buf, size_t n) {
-  auto* p = static_cast<uint8_t*>(buf);
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::recv(fd, p + got, n - got, MSG_DONTWAIT);
-    if (r > 0) {
-      got += static_cast<size_t>(r);
-    } else if (r < 0 && errno == EINTR) {
-      continue;
-    } else if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != ENOTSOCK &&
-               errno != ECONNRESET) {
-      return Unavailable("read: " + ErrnoText(errno));
-    } else {
-      break;  // nothing more now, EOF (ReadFully then says so), or not a socket
-    }
-  }
-  return got;
-}
-
 // Waits until `fd` is readable, within its SO_RCVTIMEO if it has one; false (errno EAGAIN) when
 // that passed. A thread blocked in read() on a Unix stream socket is woken each time its peer
 // reads what this side sent (the kernel's write-space wake-up does not say what it is for);
@@ -512,9 +491,20 @@ Result<Message> FrameReader::Next(int* fd_out, const std::function<void()>& befo
     offset_ += kHeaderBytes + have;
     // What the socket has now; then, if the rest is still to come, before_wait (the worker
     // hands over its queued commands instead of holding them while a large frame arrives).
+    // A descriptor sent with a body's bytes belongs to no frame (a frame's comes with its
+    // first bytes): closed.
     const size_t rest = h.payload_bytes - have;
-    GMUX_ASSIGN_OR_RETURN(size_t body, ReadAvailable(fd_, dst + have, rest));
-    if (body < rest) {
+    size_t body = 0;
+    bool ended = false;
+    while (body < rest && !ended) {
+      GMUX_ASSIGN_OR_RETURN(size_t r, RecvSome(fd_, dst + have + body, rest - body,
+                                               /*wait=*/false,
+                                               [](int passed, size_t) { ::close(passed); }));
+      if (r == kNothingYet) break;
+      ended = r == 0;
+      body += r;
+    }
+    if (body < rest && !ended) {
       if (before_wait && !told) {
         told = true;
         before_wait();

@@ -28,23 +28,30 @@ TEST(ExecutorTest, ACallbackFiringAfterTheExecutorClosedIsDropped) {
   ASSERT_EQ(err, CL_SUCCESS);
   Ref<cl_command_queue> q = Adopt(cl.clCreateCommandQueue(ctx->h, dev, 0, &err));
   ASSERT_EQ(err, CL_SUCCESS);
+  std::atomic<int> posted{0}, delivered{0};
+  auto executor = [&] {
+    return std::make_unique<Executor>(
+        0, [&](Mailbox::Task t) {
+          ++posted;
+          t();
+        },
+        [&](uint32_t, const std::vector<core::Completion>&) { ++delivered; });
+  };
+  // A command held behind `user` (a user event): its completion callback stays outstanding.
+  auto held_marker = [&](cl_event user, uint64_t id) {
+    auto c = std::make_shared<Command>();
+    c->queue = q;
+    c->event = std::make_shared<EventRecord>(id, /*user=*/false, 0);
+    c->run = [&cl, user](cl_command_queue cq, const std::vector<cl_event>&, cl_event* out) {
+      return cl.clEnqueueMarkerWithWaitList(cq, 1, &user, out);
+    };
+    return c;
+  };
+
   cl_event gate = cl.clCreateUserEvent(ctx->h, &err);
   ASSERT_EQ(err, CL_SUCCESS);
-
-  std::atomic<int> posted{0}, delivered{0};
-  auto ex = std::make_unique<Executor>(
-      0, [&](Mailbox::Task t) {
-        ++posted;
-        t();
-      },
-      [&](uint32_t, const std::vector<core::Completion>&) { ++delivered; });
-  // A command held behind the user event: its completion callback stays outstanding.
-  auto cmd = std::make_shared<Command>();
-  cmd->queue = q;
-  cmd->event = std::make_shared<EventRecord>(1, /*user=*/false, 0);
-  cmd->run = [&cl, gate](cl_command_queue cq, const std::vector<cl_event>&, cl_event* out) {
-    return cl.clEnqueueMarkerWithWaitList(cq, 1, &gate, out);
-  };
+  auto ex = executor();
+  auto cmd = held_marker(gate, 1);
   std::vector<Job> jobs(1);
   jobs[0].cmd = cmd;
   ex->Run(jobs);
@@ -66,21 +73,11 @@ TEST(ExecutorTest, ACallbackFiringAfterTheExecutorClosedIsDropped) {
   EXPECT_EQ(delivered.load(), 0);
   cl.clReleaseEvent(gate);
 
-  // An open executor delivers the same command's completion.
-  auto ex2 = std::make_unique<Executor>(
-      0, [&](Mailbox::Task t) {
-        ++posted;
-        t();
-      },
-      [&](uint32_t, const std::vector<core::Completion>&) { ++delivered; });
+  // An open executor delivers a like command's completion.
   cl_event gate2 = cl.clCreateUserEvent(ctx->h, &err);
   ASSERT_EQ(err, CL_SUCCESS);
-  auto cmd2 = std::make_shared<Command>();
-  cmd2->queue = q;
-  cmd2->event = std::make_shared<EventRecord>(2, /*user=*/false, 0);
-  cmd2->run = [&cl, gate2](cl_command_queue cq, const std::vector<cl_event>&, cl_event* out) {
-    return cl.clEnqueueMarkerWithWaitList(cq, 1, &gate2, out);
-  };
+  auto ex2 = executor();
+  auto cmd2 = held_marker(gate2, 2);
   jobs.resize(1);
   jobs[0].cmd = cmd2;
   ex2->Run(jobs);
