@@ -436,7 +436,7 @@ ShmBuffer Connection::AcquireShm(size_t size) {
         static_cast<int64_t>(shm_create_ns_per_byte_ * static_cast<double>(size)));
     auto fitting = [&] {
       auto from = shm_in_flight_.lower_bound(size);
-      return from != shm_in_flight_.end() && *from <= kShmKeepOneBytes && !lost_.load();
+      return from != shm_in_flight_.end() && *from <= kShmKeepOneBytes && !dead_.load();
     };
     while (fitting()) {
       auto wait = create;
@@ -680,7 +680,6 @@ void Connection::Disconnected() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     dead_ = true;
-    lost_ = true;
     for (auto it = pending_.begin(); it != pending_.end();) {
       Pending& p = it->second;
       if (!p.done) {

@@ -180,7 +180,6 @@ class Connection {
   std::condition_variable shm_cv_;    // a buffer came back to the pool
   std::multiset<size_t> shm_in_flight_;  // capacities of the buffers requests in flight hold
   double shm_create_ns_per_byte_ = 0; // what creating the last new buffer cost
-  std::atomic<bool> lost_{false};     // dead_, for AcquireShm (which does not take mu_)
   void DestroyShmLocked(ShmBuffer buffer);
   ShmBuffer CreateShm(size_t size);  // a new memfd of at least `size` bytes, mapped
 
@@ -211,7 +210,7 @@ class Connection {
   size_t async_pending_ = 0;      // pending requests with an on_reply callback
   std::condition_variable reader_cv_;  // wakes the receiver thread
   std::map<uint64_t, Pending> pending_;
-  bool dead_ = false;
+  std::atomic<bool> dead_{false};  // set under mu_; read without it by AcquireShm
   cl_int async_error_ = CL_SUCCESS;
   std::vector<std::function<void()>> callbacks_;
   std::condition_variable callbacks_cv_;
