@@ -1,6 +1,9 @@
 #include "daemon/residency.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstring>
 #include <new>
 
 #include "proto/image_layout.h"
@@ -28,6 +31,56 @@ uint64_t ImageBytes(const Residency::Allocation& a, size_t region[3]) {
 }
 
 }  // namespace
+
+cl_mem CreateOnStorage(const cl_icd_dispatch& cl, cl_context ctx, cl_mem_flags flags, size_t size,
+                       const std::shared_ptr<uint8_t>& storage, cl_int* err) {
+  cl_mem m = cl.clCreateBuffer(ctx, flags | CL_MEM_USE_HOST_PTR, size, storage.get(), err);
+  if (m == nullptr) return nullptr;
+  auto* keep = new std::shared_ptr<uint8_t>(storage);
+  cl_int e = cl.clSetMemObjectDestructorCallback(
+      m, [](cl_mem, void* p) { delete static_cast<std::shared_ptr<uint8_t>*>(p); }, keep);
+  if (e != CL_SUCCESS) {
+    // Without the callback the mapping could go before the backend's last use of it.
+    delete keep;
+    cl.clReleaseMemObject(m);
+    *err = e;
+    return nullptr;
+  }
+  return m;
+}
+
+bool SharesHostMemory(const cl_icd_dispatch& cl, cl_context ctx, cl_device_id device) {
+  cl_bool unified = CL_FALSE;
+  if (cl.clGetDeviceInfo(device, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified,
+                         nullptr) != CL_SUCCESS ||
+      unified != CL_TRUE) {
+    return false;
+  }
+  constexpr size_t kPage = 4096;
+  void* page = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) return false;
+  auto* bytes = static_cast<uint8_t*>(page);
+  bool shares = false;
+  cl_int err = CL_SUCCESS;
+  cl_mem m = cl.clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, kPage, page, &err);
+  cl_command_queue q = m != nullptr ? cl.clCreateCommandQueue(ctx, device, 0, &err) : nullptr;
+  if (q != nullptr) {
+    const cl_uchar pattern = 0x5a;
+    std::vector<uint8_t> seen(kPage, 0);
+    if (cl.clEnqueueFillBuffer(q, m, &pattern, 1, 0, kPage, 0, nullptr, nullptr) == CL_SUCCESS &&
+        cl.clFinish(q) == CL_SUCCESS &&
+        std::all_of(bytes, bytes + kPage, [](uint8_t b) { return b == 0x5a; })) {
+      std::memset(bytes, 0xa5, kPage);
+      shares = cl.clEnqueueReadBuffer(q, m, CL_TRUE, 0, kPage, seen.data(), 0, nullptr,
+                                      nullptr) == CL_SUCCESS &&
+               std::all_of(seen.begin(), seen.end(), [](uint8_t b) { return b == 0xa5; });
+    }
+    cl.clReleaseCommandQueue(q);
+  }
+  if (m != nullptr) cl.clReleaseMemObject(m);
+  ::munmap(page, kPage);
+  return shares;
+}
 
 Residency::Residency(const cl_icd_dispatch& cl, std::vector<cl_device_id> devices)
     : cl_(cl), devices_(std::move(devices)),
@@ -112,7 +165,11 @@ Residency::Totals Residency::totals() const {
 
 cl_int Residency::SaveAndRelease(Allocation& a, uint32_t device) {
   cl_int result = CL_SUCCESS;
-  if (TopLevel(a)) {
+  if (a.storage) {
+    // The contents stay in the shared memory: only the backend object goes.
+    a.store.reset();
+    a.store_bytes = a.bytes;
+  } else if (TopLevel(a)) {
     size_t region[3] = {0, 0, 0};
     const uint64_t bytes = a.kind == Kind::kBuffer ? a.bytes : ImageBytes(a, region);
     a.store.reset();
@@ -156,6 +213,10 @@ cl_int Residency::Make(Allocation& a) {
   cl_mem m = nullptr;
   switch (a.kind) {
     case Kind::kBuffer:
+      if (a.storage) {
+        m = CreateOnStorage(cl_, a.context->h, a.flags, a.bytes, a.storage, &err);
+        break;
+      }
       m = cl_.clCreateBuffer(a.context->h, a.flags | (a.store ? CL_MEM_COPY_HOST_PTR : 0),
                              a.bytes, a.store.get(), &err);
       break;

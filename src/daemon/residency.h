@@ -41,6 +41,19 @@
 
 namespace gmux::daemon {
 
+// A buffer whose storage is `storage` (`size` bytes, CL_MEM_USE_HOST_PTR), which stays mapped
+// until the backend destroys the buffer (a destructor callback holds it), whoever holds the
+// handle last. Null with `*err` on failure.
+cl_mem CreateOnStorage(const cl_icd_dispatch& cl, cl_context ctx, cl_mem_flags flags, size_t size,
+                       const std::shared_ptr<uint8_t>& storage, cl_int* err);
+
+// Whether `device` (in `ctx`) works on buffers made on host memory in place and coherently: it
+// says it has host-unified memory, and a page given as CL_MEM_USE_HOST_PTR is filled by the
+// device where the host sees it without a map, and what the host writes there is what the
+// device reads. Then the client may copy to and from such a buffer itself (docs/protocol.md,
+// "Buffers on shared memory"). A discrete GPU answers no.
+bool SharesHostMemory(const cl_icd_dispatch& cl, cl_context ctx, cl_device_id device);
+
 class Residency {
  public:
   enum class Kind { kBuffer, kImage, kSubBuffer, kImageOnBuffer };
@@ -59,6 +72,9 @@ class Residency {
     // Dependents: what they lie in, and a sub-buffer's region.
     std::shared_ptr<Allocation> parent;
     cl_buffer_region region{};
+    // A buffer whose storage is the client's shared memory (CreateOnStorage): its contents
+    // stay there while evicted, so eviction and restore copy nothing.
+    std::shared_ptr<uint8_t> storage;
     // Saved contents while evicted (top-level allocations).
     std::unique_ptr<uint8_t[]> store;
     uint64_t store_bytes = 0;

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -231,7 +232,7 @@ void SessionCore::SendStatus(uint64_t seq, cl_int status, const std::string& mes
   Send(b);
 }
 
-Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size) {
+Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size, bool populate) {
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
@@ -247,7 +248,8 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size) {
   auto b = std::shared_ptr<HostBuffer>(new HostBuffer());
   b->size_ = size;
   if (size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED) return ResourceExhausted("cannot map shared memory");
     b->data_ = static_cast<uint8_t*>(p);
     b->mapped_ = true;
@@ -600,6 +602,29 @@ Result<std::shared_ptr<HostBuffer>> Session::MapShared(int fd, size_t size) {
   return HostBuffer::View(whole, size);
 }
 
+bool Session::StorageFor(const ContextObj& ctx) {
+  // A pool context stands for devices the tenant does not see: not asked.
+  if (ctx.pool || ctx.devices.empty()) return false;
+  shares_host_.resize(backend_.devices().size(), -1);
+  for (uint32_t d : ctx.devices) {
+    if (d >= shares_host_.size()) return false;
+    if (shares_host_[d] < 0) {
+      shares_host_[d] = SharesHostMemory(cl_, ctx.ctx->h, backend_.devices()[d]) ? 1 : 0;
+    }
+    if (shares_host_[d] == 0) return false;
+  }
+  return true;
+}
+
+bool Session::StorageRoom(uint64_t bytes) const {
+  // The worker's memory limit (worker_memory_bytes, RLIMIT_DATA) does not see shared mappings:
+  // buffers on shared memory count against it here, so a tenant's buffers are bounded the same
+  // wherever they live; past it a buffer is made in the worker's memory, where the limit holds.
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_DATA, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return true;
+  return storage_bytes_->load() + bytes <= lim.rlim_cur;
+}
+
 Session::~Session() {
   core_->closed = true;
   {
@@ -801,6 +826,35 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_mem_flags flags = r.getFlags() & ~static_cast<cl_mem_flags>(
                                               CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR |
                                               CL_MEM_ALLOC_HOST_PTR | kHostAccessFlags);
+      // Shared memory offered as the buffer's storage: mapped here for the buffer's life when
+      // the devices work on host memory in place; otherwise only its initial contents count.
+      std::shared_ptr<uint8_t> storage;
+      bool on_storage = false;
+      if (r.getStorage()) {
+        if (passed_fd_ < 0) return {CL_INVALID_VALUE, "buffer storage without a descriptor"};
+        if (r.getInitialData() != 0) {
+          return {CL_INVALID_VALUE, "buffer storage and initial data both given"};
+        }
+        int fd = passed_fd_;
+        passed_fd_ = -1;
+        auto mapped = HostBuffer::MapSealed(fd, r.getSize(), /*populate=*/false);
+        if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
+        on_storage = StorageFor(*ctx) && StorageRoom(r.getSize());
+        if (on_storage) {
+          // Counted until the mapping goes (the buffer's last backend object destroyed).
+          storage_bytes_->fetch_add(r.getSize());
+          storage = std::shared_ptr<uint8_t>(
+              (*mapped)->data(),
+              [keep = *mapped, counter = storage_bytes_, n = r.getSize()](uint8_t*) {
+                counter->fetch_sub(n);
+              });
+        } else {
+          storage = std::shared_ptr<uint8_t>(*mapped, (*mapped)->data());
+        }
+        if (!on_storage && (r.getFlags() & CL_MEM_COPY_HOST_PTR) != 0) {
+          flags |= CL_MEM_COPY_HOST_PTR;
+        }
+      }
       std::shared_ptr<Bulk> init;
       if (r.getInitialData() != 0) {
         Err e = TakeBulk(r.getInitialData(), r.getSize(), init);
@@ -814,10 +868,16 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       cl_int err = CL_SUCCESS;
       auto lock = residency_->Lock();
-      cl_mem m = cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
-                                    init ? init->bytes.data() : nullptr, &err);
+      cl_mem m = on_storage
+                     ? CreateOnStorage(cl_, ctx->ctx->h, flags, r.getSize(), storage, &err)
+                     : cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
+                                          init      ? init->bytes.data()
+                                          : storage ? storage.get()
+                                                    : nullptr,
+                                          &err);
       if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
       if (m == nullptr) return {err, "clCreateBuffer failed"};
+      if (r.getStorage()) root.setStorage(on_storage);
       MemObj mo;
       mo.mem = Adopt(m);
       mo.size = r.getSize();
@@ -829,6 +889,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       a.devices = ctx->devices;
       a.flags = flags & ~static_cast<cl_mem_flags>(CL_MEM_COPY_HOST_PTR);
       a.bytes = r.getSize();
+      if (on_storage) a.storage = std::move(storage);
       mo.alloc = residency_->AddLocked(std::move(a));
       mems_[r.getId()] = std::move(mo);
       return {};
@@ -1990,6 +2051,14 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
                                                        w.empty() ? nullptr : w.data(), out);
       };
       if (barrier && !q->in_order) q->barrier = event;
+      // A marker with a seq is answered once it completed: the client waits on it before
+      // copying a buffer on shared memory itself (docs/protocol.md, "Buffers on shared memory").
+      if (seq != 0) {
+        cmd->finished = [core = core_, seq](cl_int status) {
+          core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
+        };
+        replied = true;
+      }
       break;
     }
 

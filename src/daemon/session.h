@@ -44,7 +44,9 @@ class HostBuffer {
   explicit HostBuffer(size_t n);
   // Maps `size` bytes of the memfd `fd` (consumed). The file must be sealed against shrinking
   // (F_SEAL_SHRINK) and at least `size` long, so the client cannot make the daemon fault.
-  static Result<std::shared_ptr<HostBuffer>> MapSealed(int fd, size_t size);
+  // `populate` faults the pages in now (a transfer's, read at once); a buffer's storage is
+  // faulted in where it is first touched.
+  static Result<std::shared_ptr<HostBuffer>> MapSealed(int fd, size_t size, bool populate = true);
   // The first `size` bytes of `whole` (kept alive by the view).
   static std::shared_ptr<HostBuffer> View(std::shared_ptr<HostBuffer> whole, size_t size);
   ~HostBuffer();
@@ -304,6 +306,15 @@ class Session {
   Result<std::shared_ptr<HostBuffer>> MapShared(int fd, size_t size);
   static constexpr size_t kMaxShmMaps = 16;
   std::vector<std::pair<uint64_t, std::shared_ptr<HostBuffer>>> shm_maps_;
+  // Per backend device: whether buffers may live on the client's shared memory
+  // (SharesHostMemory, asked once; -1 not yet).
+  std::vector<int8_t> shares_host_;
+  bool StorageFor(const ContextObj& ctx);
+  // Bytes of the session's buffers on shared memory still mapped, and whether `bytes` more fit
+  // the worker's memory limit.
+  std::shared_ptr<std::atomic<uint64_t>> storage_bytes_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
+  bool StorageRoom(uint64_t bytes) const;
 };
 
 // Whether device `i` is a pool device the tenant does not see (every one but the lowest).

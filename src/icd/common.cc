@@ -113,6 +113,7 @@ Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_
     return;
   }
   c_ = &Conn();
+  number_ = q->enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
   e_ = b_.initRoot<wire::Request>().initEnqueue();
   e_.setQueue(q->id);
   id_ = c_->NextId();
@@ -162,6 +163,13 @@ uint64_t Enqueuer::BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size
 
 void Enqueuer::MakeEvent() {
   if (event_out_ != nullptr) *event_out_ = NewEvent(q_->context, q_, type_, id_);
+}
+
+void Settle(cl_command_queue q, uint64_t upto) {
+  uint64_t was = q->settled.load(std::memory_order_relaxed);
+  while (was < upto &&
+         !q->settled.compare_exchange_weak(was, upto, std::memory_order_acq_rel)) {
+  }
 }
 
 cl_int MemProperties(const cl_mem_properties* props, std::vector<cl_mem_properties>& out) {

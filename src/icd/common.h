@@ -220,6 +220,8 @@ class Enqueuer {
   cl_int err() const { return err_; }
   wire::Enqueue::Builder& cmd() { return e_; }
   Connection& conn() { return *c_; }
+  // This command's place in its queue's count of enqueued commands (Settle).
+  uint64_t number() const { return number_; }
 
   // Sends the command without waiting.
   cl_int Post();
@@ -242,7 +244,15 @@ class Enqueuer {
   capnp::MallocMessageBuilder b_;
   wire::Enqueue::Builder e_{nullptr};
   uint64_t id_ = 0;
+  uint64_t number_ = 0;
 };
+
+// The first `upto` commands enqueued on `q` are known to have completed.
+void Settle(cl_command_queue q, uint64_t upto);
+// Whether every command enqueued on `q` is known to have completed.
+inline bool Settled(cl_command_queue q) {
+  return q->settled.load(std::memory_order_acquire) == q->enqueued.load(std::memory_order_acquire);
+}
 
 // A marker (or barrier) command: completes when its wait list (or, with none, everything
 // enqueued before it) has. `type` is what its event reports.

@@ -245,6 +245,10 @@ Connection* Connection::Connect() {
     conn->shm_enabled_ = false;
     conn->remote_copy_ = false;
   }
+  if (const char* e = std::getenv("GMUX_BUFFER_STORAGE");
+      e != nullptr && std::strcmp(e, "0") == 0) {
+    conn->storage_enabled_ = false;
+  }
   std::thread([conn] { conn->ReceiveLoop(); }).detach();
   std::thread([conn] { conn->CallbackLoop(); }).detach();
   return conn;
@@ -395,8 +399,10 @@ cl_int Connection::Wait(uint64_t seq) {
 }
 
 cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<proto::Message>* reply,
-                        std::string* error_message) {
-  uint64_t seq = Begin(request);
+                        std::string* error_message, int pass_fd) {
+  ShmBuffer pass;
+  pass.fd = pass_fd;
+  uint64_t seq = Begin(request, nullptr, 0, nullptr, pass, /*keep_shm=*/true);
   if (seq == 0) return CL_DEVICE_NOT_AVAILABLE;  // a forked child (Begin)
   std::unique_lock<std::mutex> lock(mu_);
   AwaitReply(lock, seq);
@@ -488,6 +494,25 @@ ShmBuffer Connection::CreateShm(size_t size) {
     return {};
   }
   return {fd, p, cap, static_cast<uint64_t>(st.st_ino)};
+}
+
+ShmBuffer Connection::CreateStorage(size_t size) {
+  int fd = ::memfd_create("gmux-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return {};
+  // Sealed against shrinking, so the worker's mapping can never fault.
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    ::close(fd);
+    return {};
+  }
+  // Not populated: the pages are faulted in where they are first touched, as a fresh
+  // allocation's are.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return {};
+  }
+  return {fd, p, size, 0};
 }
 
 void Connection::DestroyShmLocked(ShmBuffer buffer) {

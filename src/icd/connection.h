@@ -69,8 +69,9 @@ class Connection {
   cl_int Flush();
 
   // Sends a request with a fresh seq and waits for its reply; `reply` receives it on success.
+  // With `pass_fd`, that descriptor goes with the request (the caller keeps it).
   cl_int Call(capnp::MallocMessageBuilder& request, std::optional<proto::Message>* reply = nullptr,
-              std::string* error_message = nullptr);
+              std::string* error_message = nullptr, int pass_fd = -1);
 
   // Starts a request whose reply is waited for later (Wait) or handed to `on_reply` on the
   // receiver's callback thread. For reads, `dst`/`size` receive the data.
@@ -134,6 +135,23 @@ class Connection {
   static constexpr size_t kRemoteReadShmBelowBytes = 8u << 20;
   static constexpr size_t kRemoteWriteMinBytes = 4u << 20;
 
+  // Buffers on shared memory (docs/protocol.md, "Buffers on shared memory"): whether a buffer
+  // of `size` bytes should be offered a memfd as its storage. Local connections with shared
+  // memory, from kStorageMinBytes (smaller ones cost more to map than their transfers take),
+  // until the worker once declined (its devices do not share host memory), and not with
+  // GMUX_BUFFER_STORAGE=0.
+  bool UseStorage(size_t size) const {
+    return storage_enabled_ && shm_enabled_ && size >= kStorageMinBytes &&
+           !storage_declined_.load(std::memory_order_relaxed) && !Lost();
+  }
+  void StorageDeclined() { storage_declined_ = true; }
+  // A new sealed memfd of `size` bytes mapped read-write here (invalid on failure); the
+  // mapping is the buffer's until it is destroyed, the descriptor goes to the worker.
+  static ShmBuffer CreateStorage(size_t size);
+  static constexpr size_t kStorageMinBytes = 64u << 10;
+  // Whether the daemon is gone (every call fails from now on).
+  bool Lost() const { return dead_.load(std::memory_order_relaxed) || Forked(); }
+
   // Whether this process is a fork()ed child of the one that connected: then every call fails
   // (CL_DEVICE_NOT_AVAILABLE) without touching the connection, which is the parent's.
   static bool Forked();
@@ -185,6 +203,8 @@ class Connection {
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
+  bool storage_enabled_ = true;  // GMUX_BUFFER_STORAGE=0 turns buffers on shared memory off
+  std::atomic<bool> storage_declined_{false};
   // Whether the worker may still copy for this process: not once the process forked (a child
   // would have the worker copy to and from its parent, whose pid the worker holds) nor once it
   // made itself not dumpable or changed its uid (which makes it so): the worker's copies would

@@ -1,6 +1,11 @@
 // Buffers and sub-buffers, and the info and destructor callbacks of every memory object.
 #include "icd/common.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
 namespace gmux::icd {
 
 std::unique_ptr<_cl_mem> NewMem(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr) {
@@ -25,9 +30,17 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
     return nullptr;
   }
   Connection& c = Conn();
+  // A buffer on shared memory (docs/protocol.md): not for CL_MEM_USE_HOST_PTR (the
+  // application's memory is the buffer's) nor for one the host never touches.
+  ShmBuffer storage;
+  if ((flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS)) == 0 && c.UseStorage(size)) {
+    storage = Connection::CreateStorage(size);
+  }
   uint64_t token = 0;
   ShmBuffer held;
-  if (needs_ptr) {
+  if (needs_ptr && storage.valid()) {
+    std::memcpy(storage.map, host_ptr, size);  // the initial contents, where the worker finds them
+  } else if (needs_ptr) {
     token = c.SendBulk(host_ptr, size, &held);
     if (token == 0) return Fail(err, CL_OUT_OF_RESOURCES);
   }
@@ -40,10 +53,26 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   r.setFlags(flags);
   r.setSize(size);
   r.setInitialData(token);
+  r.setStorage(storage.valid());
   // A round trip: allocation failures (CL_INVALID_BUFFER_SIZE, out of memory) are reported here.
   // The daemon has copied the initial data once it answers.
-  cl_int e = c.Call(b);
+  std::optional<proto::Message> reply;
+  cl_int e = c.Call(b, storage.valid() ? &reply : nullptr, nullptr, storage.fd);
   c.ReleaseShm(held);
+  if (storage.valid()) {
+    ::close(storage.fd);  // the worker has its own descriptor (or none: it declined)
+    bool used = false;
+    if (e == CL_SUCCESS && reply) {
+      auto root = reply->root<wire::Reply>();
+      used = root.isStorage() && root.getStorage();
+    }
+    if (used) {
+      m->storage = static_cast<uint8_t*>(storage.map);
+    } else {
+      ::munmap(storage.map, storage.capacity);
+      if (e == CL_SUCCESS) c.StorageDeclined();  // its devices do not share host memory
+    }
+  }
   if (e != CL_SUCCESS) return Fail(err, e);
   RetainContext(ctx);
   SetErr(err, CL_SUCCESS);
@@ -124,6 +153,8 @@ void Destroy(_cl_mem* m) {
   for (auto& map : m->maps) {
     if (map.owned) std::free(map.ptr);
   }
+  // The worker's buffer keeps its own mapping until the backend is done with it.
+  if (m->storage != nullptr) ::munmap(m->storage, m->size);
   // The object is gone for the ICD (its handle is rejected from now on): the destructor
   // callbacks run now, the last registered first (OpenCL 1.2 section 5.4.1).
   for (auto it = m->destructors.rbegin(); it != m->destructors.rend(); ++it) {

@@ -80,6 +80,11 @@ struct _cl_command_queue : gmux::icd::ObjectHeader {
   // clCreateCommandQueueWithProperties' list as given (CL_QUEUE_PROPERTIES_ARRAY; empty when
   // made otherwise or with none).
   std::vector<cl_queue_properties> properties_array;
+  // Commands enqueued so far, and how many of the first of them are known to have completed
+  // (clFinish, a blocking wait): when the two are equal nothing of this queue is in flight,
+  // and a blocking transfer of a buffer on shared memory is a copy by the caller (transfer.cc).
+  std::atomic<uint64_t> enqueued{0};
+  std::atomic<uint64_t> settled{0};
 };
 
 struct Mapping {
@@ -106,6 +111,9 @@ struct _cl_mem : gmux::icd::ObjectHeader {
   void* host_ptr = nullptr;
   cl_mem parent = nullptr;
   size_t origin = 0;
+  // A buffer on shared memory (docs/protocol.md, "Buffers on shared memory"): this process's
+  // mapping of the memfd that is the worker's buffer itself (top-level buffers; null otherwise).
+  uint8_t* storage = nullptr;
   std::mutex mu;  // guards maps and destructors
   std::vector<Mapping> maps;
   // clSetMemObjectDestructorCallback's callbacks, in registration order (run in reverse when

@@ -118,9 +118,11 @@ cl_int CL_API_CALL Flush(cl_command_queue q) {
 cl_int CL_API_CALL Finish(cl_command_queue q) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   Connection& c = Conn();
+  const uint64_t enqueued = q->enqueued.load(std::memory_order_acquire);
   capnp::MallocMessageBuilder b;
   b.initRoot<wire::Request>().setFinish(q->id);
   cl_int e = c.Call(b);
+  if (e == CL_SUCCESS) Settle(q, enqueued);
   cl_int async = c.TakeAsyncError();
   return e != CL_SUCCESS ? e : async;
 }

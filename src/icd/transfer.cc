@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <vector>
 
 namespace gmux::icd {
@@ -93,6 +94,50 @@ bool TryRemote(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_
   return false;
 }
 
+// A blocking buffer write or read of a buffer on shared memory (docs/protocol.md, "Buffers on
+// shared memory"), copied by the caller itself: true with `*result` when done that way. When
+// nothing of the (in-order) queue is in flight and nothing is waited for, the copy is all: the
+// worker's buffer is that memory, and in-order semantics have nothing to order it after. A read
+// behind commands in flight (or a wait list) first waits for them with a marker, as the read
+// itself would have waited, then copies. A write behind commands in flight takes the usual
+// path, which returns once the data is copied out, without waiting. With an event asked for,
+// the usual path too (its event is the transfer's command).
+bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_t offset,
+                size_t size, void* ptr, cl_uint nwait, const cl_event* waits, cl_event* event,
+                cl_int* result) {
+  cl_mem top = m->parent != nullptr ? m->parent : m;
+  if (top->storage == nullptr || !blocking || event != nullptr || !Valid(q) ||
+      (q->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0 ||
+      (nwait == 0) != (waits == nullptr)) {
+    return false;
+  }
+  Connection* c = TryConn();
+  if (c == nullptr || c->Lost()) return false;
+  // Memory the application does not map is an error from the usual path, not a crash here.
+  if (!Mapped(ptr, size)) return false;
+  uint8_t* at = top->storage + (m->parent != nullptr ? m->origin : 0) + offset;
+  if (nwait != 0 || !Settled(q)) {
+    if (write) return false;
+    Enqueuer enq(q, nwait, waits, nullptr, CL_COMMAND_MARKER);
+    if (enq.err() != CL_SUCCESS) {
+      *result = enq.err();
+      return true;
+    }
+    enq.cmd().setMarker();
+    const uint64_t number = enq.number();
+    *result = enq.conn().Wait(enq.Begin(nullptr, 0, /*blocking=*/true));
+    if (*result != CL_SUCCESS) return true;
+    Settle(q, number);
+  }
+  if (write) {
+    std::memcpy(at, ptr, size);
+  } else {
+    std::memcpy(ptr, at, size);
+  }
+  *result = CL_SUCCESS;
+  return true;
+}
+
 }  // namespace
 
 cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool blocking,
@@ -101,6 +146,10 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool bloc
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
+  if (cl_int e; TryStorage(q, m, /*write=*/true, blocking, offset, size, const_cast<void*>(ptr),
+                           nwait, waits, event, &e)) {
+    return e;
+  }
   if (cl_int e; TryRemote(q, m, /*write=*/true, blocking, offset, size, const_cast<void*>(ptr),
                           nwait, waits, event, &e)) {
     return e;
@@ -125,6 +174,10 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
   if (ptr == nullptr || size == 0 || offset > m->size || size > m->size - offset) return CL_INVALID_VALUE;
+  if (cl_int e; TryStorage(q, m, /*write=*/false, blocking, offset, size, ptr, nwait, waits,
+                           event, &e)) {
+    return e;
+  }
   if (cl_int e; TryRemote(q, m, /*write=*/false, blocking, offset, size, ptr, nwait, waits,
                           event, &e)) {
     return e;

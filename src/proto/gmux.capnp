@@ -162,6 +162,12 @@ struct CreateBuffer {
   flags @2 :UInt64;        # cl_mem_flags; host-pointer flags are handled by the client
   size @3 :UInt64;
   initialData @4 :UInt64;  # bulk token holding the initial contents, 0 for none
+  # The request carries a sealed memfd of at least `size` bytes, mapped by the client, holding
+  # the initial contents when the flags say CL_MEM_COPY_HOST_PTR. Where every device of the
+  # context shares host memory coherently, it becomes the buffer's storage (the reply's
+  # `storage` says so) and the client copies blocking transfers to and from it itself;
+  # otherwise the worker copies the initial contents from it and lets it go.
+  storage @5 :Bool;
 }
 
 struct CreateSubBuffer {
@@ -487,5 +493,6 @@ struct Reply {
     frame @11 :FrameDecision;
     frames @12 :Text;              # JSON: the FramesOp's answer
     admin @13 :Text;               # JSON: the AdminOp's answer
+    storage @14 :Bool;             # CreateBuffer with storage: the memfd is the buffer's storage
   }
 }
