@@ -925,6 +925,110 @@ TEST_F(IsolationTest, HugeSealedMemfdsForTinyTransfersDoNotInflateMemory) {
   ExpectGoodTenant(111, 10, 60s, "after the memfd transfers");
 }
 
+// ---- 11b. buffer storage a hostile client offers ----
+
+// Raw protocol: buffers offered storage (docs/protocol.md, "Buffers on shared memory") that the
+// worker must refuse: no descriptor, a memfd not sealed against shrinking, one shorter than the
+// buffer, one sealed against writing, a pipe, and storage together with initial data. Then a
+// good one, whose memory the client writes after creation without any request: a read of the
+// buffer through the device returns it when the worker put the buffer on that memory, and a
+// shrink of it is refused by the kernel. 0 when all went as expected, else the step.
+int StorageClient(const std::string& socket) {
+  RawConn c(ConnectUnix(socket));
+  if (c.fd() < 0 || !c.Hello().ok()) return 70;
+  auto call = [&](auto fill, int pass_fd = -1) -> int32_t {
+    capnp::MallocMessageBuilder b;
+    fill(b.initRoot<wire::Request>());
+    auto r = c.Call(b, pass_fd);
+    return r.ok() ? *r : -9999;
+  };
+  if (call([](wire::Request::Builder r) {
+        auto cc = r.initCreateContext();
+        cc.setId(1);
+        cc.initDevices(1).set(0, 0);
+      }) != CL_SUCCESS ||
+      call([](wire::Request::Builder r) {
+        auto q = r.initCreateQueue();
+        q.setId(2);
+        q.setContext(1);
+        q.setDevice(0);
+      }) != CL_SUCCESS) {
+    return 71;
+  }
+  constexpr uint64_t kBytes = 1u << 20;
+  auto create = [&](uint64_t id, int fd, uint64_t initial = 0) {
+    return call(
+        [&](wire::Request::Builder r) {
+          auto m = r.initCreateBuffer();
+          m.setId(id);
+          m.setContext(1);
+          m.setFlags(CL_MEM_READ_WRITE);
+          m.setSize(kBytes);
+          m.setStorage(true);
+          m.setInitialData(initial);
+        },
+        fd);
+  };
+  // Refused, each with an error to this client.
+  if (create(10, -1) == CL_SUCCESS) return 72;
+  int unsealed = ::memfd_create("storage-unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (unsealed < 0 || ::ftruncate(unsealed, kBytes) != 0) return 73;
+  if (create(11, unsealed) == CL_SUCCESS) return 74;
+  ::close(unsealed);
+  int small = MakeSealedMemfd(kBytes / 2);
+  if (small < 0 || create(12, small) == CL_SUCCESS) return 75;
+  ::close(small);
+  int readonly = MakeSealedMemfd(kBytes);
+  if (readonly < 0 || ::fcntl(readonly, F_ADD_SEALS, F_SEAL_WRITE) != 0) return 76;
+  if (create(13, readonly) == CL_SUCCESS) return 77;
+  ::close(readonly);
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return 78;
+  if (create(14, pipefd[0]) == CL_SUCCESS) return 79;
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
+  int both = MakeSealedMemfd(kBytes);
+  if (both < 0 || create(15, both, 999) == CL_SUCCESS) return 80;
+  ::close(both);
+  // A good one: the client's own writes to it are the buffer's contents.
+  int good = MakeSealedMemfd(kBytes);
+  if (good < 0 || create(3, good) != CL_SUCCESS) return 81;
+  const uint64_t v = Pattern(9);
+  if (::pwrite(good, &v, sizeof(v), 4096) != sizeof(v)) return 82;
+  int out = MakeSealedMemfd(4096);
+  if (out < 0) return 83;
+  int32_t st = call(
+      [&](wire::Request::Builder r) {
+        auto e = r.initEnqueue();
+        e.setQueue(2);
+        e.setEvent(300);
+        auto rb = e.initReadBuffer();
+        rb.setMem(3);
+        rb.setOffset(4096);
+        rb.setSize(8);
+        rb.setShm(true);
+      },
+      out);
+  uint64_t got = 0;
+  if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got)) return 84;
+  // PoCL's CPU device works on host memory in place: the buffer is the client's memory.
+  if (got != v) return 85;
+  if (::ftruncate(good, 0) == 0) return 86;  // sealed: the worker's mapping cannot fault
+  ::close(out);
+  ::close(good);
+  return 0;
+}
+
+TEST_F(IsolationTest, BufferStorageAHostileClientOffersIsRefusedOrItsOwn) {
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(""));
+  const std::string socket = daemon_.socket();
+  Child hostile = Spawn(112, 60, [socket](Channel&) { return StorageClient(socket); });
+  Outcome o = hostile.Wait(60s);
+  EXPECT_TRUE(o.ok()) << "a storage offer went otherwise than expected: " << o.Describe();
+  ExpectAlive("after hostile storage offers");
+  ExpectGoodTenant(113, 10, 60s, "after hostile storage offers");
+}
+
 // ---- 12. markers held behind a user event ----
 
 TEST_F(IsolationTest, MarkersHeldBehindAUserEventStayCheap) {

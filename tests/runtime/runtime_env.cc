@@ -222,6 +222,9 @@ int main(int argc, char** argv) {
 #ifdef GMUX_TEST_NO_REMOTE
   ::setenv("GMUX_REMOTE_COPY", "0", 1);
 #endif
+#ifdef GMUX_TEST_NO_STORAGE
+  ::setenv("GMUX_BUFFER_STORAGE", "0", 1);
+#endif
 #ifdef GMUX_TEST_NO_DAEMON
   gmux::testing::RuntimeEnv::start_daemon = false;
 #endif

@@ -1,16 +1,22 @@
 // Large transfers through gmux: every byte arrives, in both directions, at offsets, through
-// blocking and non-blocking calls and map/unmap. Built four times: local clients as they run by
-// default (reads of 64 KiB to 1 MiB and from 8 MiB, and writes from 4 MiB, copied straight
-// between the application and the device by the worker, daemon/remote_copy.h; the others
-// through shared memory or the stream), transfers_shm_test (GMUX_REMOTE_COPY=0: shared memory only), transfers_inline_test
-// (GMUX_SHM=0: everything inline in the stream) and transfers_tcp_test (over TLS).
+// blocking and non-blocking calls and map/unmap. Built five times: local clients as they run by
+// default (buffers of 64 KiB and more on shared memory, their blocking transfers copied by the
+// client; the rest as in transfers_copy_test), transfers_copy_test (GMUX_BUFFER_STORAGE=0:
+// reads of 64 KiB to 1 MiB and from 8 MiB, and writes from 4 MiB, copied straight between the
+// application and the device by the worker, daemon/remote_copy.h; the others through shared
+// memory or the stream), transfers_shm_test (GMUX_REMOTE_COPY=0: no remote copy),
+// transfers_inline_test (GMUX_SHM=0: everything inline in the stream) and transfers_tcp_test
+// (over TLS).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "runtime/runtime_env.h"
@@ -63,6 +69,158 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   EXPECT_EQ(back[1], src[1]);
   ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
   clReleaseMemObject(m);
+}
+
+// Mappings of buffers on shared memory in this process (icd/connection.h, CreateStorage).
+int StorageMappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:gmux-buffer") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// What slow_next computes: 300 steps of the pattern's generator, plus k.
+uint32_t SlowNext(uint32_t x, uint32_t k) {
+  for (int j = 0; j < 300; ++j) x = x * 1664525u + 1013904223u;
+  return x + k;
+}
+
+// Buffers on shared memory (docs/protocol.md): a local client's buffers of 64 KiB and more are
+// the worker's buffers themselves, and a blocking transfer with nothing in flight is the
+// client's own copy. Queue order must hold all the same: a blocking read behind a running kernel
+// sees its results, a blocking write behind a kernel still reading the buffer does not change
+// what the kernel reads, a read waiting on another queue's event sees that command's writes, and
+// the initial contents of CL_MEM_COPY_HOST_PTR, sub-buffers at odd offsets and out-of-order
+// queues come out right. The kernel takes tens of milliseconds, so a copy that did not wait
+// would be caught. In every variant (the copying paths when buffers are not on shared memory).
+TEST(TransfersTest, BuffersOnSharedMemoryKeepQueueOrder) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const bool expect_storage =
+      !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") && !EnvIs("GMUX_BUFFER_STORAGE", "0");
+  const size_t n = (1u << 20) / 4;
+  auto a = Pattern(n, 1);
+  const int before = StorageMappings();
+  cl_int err;
+  cl_mem ma = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * 4, a.data(),
+                             &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem mb = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(StorageMappings() - before, expect_storage ? 2 : 0);
+  std::string log;
+  cl_program p = BuildProgram(d, R"(
+    __kernel void slow_next(__global const uint* a, __global uint* b, uint k) {
+      size_t i = get_global_id(0);
+      uint x = a[i];
+      for (int j = 0; j < 300; ++j) x = x * 1664525u + 1013904223u;
+      b[i] = x + k;
+    })", &log);
+  ASSERT_NE(p, nullptr) << log;
+  cl_kernel kern = clCreateKernel(p, "slow_next", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  auto launch = [&](cl_command_queue q, cl_mem in, cl_mem out, uint32_t k, cl_event* ev) {
+    clSetKernelArg(kern, 0, sizeof(cl_mem), &in);
+    clSetKernelArg(kern, 1, sizeof(cl_mem), &out);
+    clSetKernelArg(kern, 2, sizeof(k), &k);
+    size_t global = n;
+    return clEnqueueNDRangeKernel(q, kern, 1, nullptr, &global, nullptr, 0, nullptr, ev);
+  };
+  auto expect = [&](const std::vector<uint32_t>& in, uint32_t k, const std::vector<uint32_t>& got,
+                    const char* what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += got[i] != SlowNext(in[i], k);
+    EXPECT_EQ(bad, 0u) << what;
+  };
+  std::vector<uint32_t> got(n, 0);
+
+  // A blocking read behind a kernel in flight waits for it.
+  ASSERT_EQ(launch(d.queue, ma, mb, 1, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, mb, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  expect(a, 1, got, "read behind a kernel");
+
+  // A blocking write behind a kernel still reading the buffer: the kernel reads the old data.
+  auto a2 = Pattern(n, 2);
+  ASSERT_EQ(launch(d.queue, ma, mb, 2, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, ma, CL_TRUE, 0, n * 4, a2.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, mb, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  expect(a, 2, got, "kernel behind which a blocking write was made");
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, ma, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_TRUE(got == a2);
+
+  // Nothing in flight: written and read by the client alone, then used by a kernel.
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  auto a3 = Pattern(n, 3);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, ma, CL_TRUE, 0, n * 4, a3.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(launch(d.queue, ma, mb, 3, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, mb, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  expect(a3, 3, got, "kernel after a write with nothing in flight");
+
+  // A sub-buffer at an offset, at an odd offset within it, both directions.
+  cl_buffer_region region{4096, (64u << 10) + 4096};
+  cl_mem sub = clCreateSubBuffer(ma, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region,
+                                 &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<uint8_t> bytes(65001), back(65001, 0);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7 + 1);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, sub, CL_TRUE, 3, bytes.size(), bytes.data(), 0, nullptr,
+                                 nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, ma, CL_TRUE, 4096 + 3, back.size(), back.data(), 0,
+                                nullptr, nullptr), CL_SUCCESS);
+  EXPECT_TRUE(back == bytes);
+  uint32_t edge[2] = {0, 0};
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, ma, CL_TRUE, 4092, 4, &edge[0], 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(edge[0], a3[4092 / 4]);  // untouched before the sub-buffer
+  clReleaseMemObject(sub);
+
+  // A read on one queue waiting for a kernel on another.
+  cl_command_queue q2 = clCreateCommandQueue(d.context, d.device, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event done = nullptr;
+  ASSERT_EQ(launch(q2, ma, mb, 4, &done), CL_SUCCESS);
+  ASSERT_EQ(clFlush(q2), CL_SUCCESS);
+  std::vector<uint32_t> cur(n);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, ma, CL_TRUE, 0, n * 4, cur.data(), 1, &done, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, mb, CL_TRUE, 0, n * 4, got.data(), 1, &done, nullptr),
+            CL_SUCCESS);
+  expect(cur, 4, got, "read waiting on another queue's kernel");
+  clReleaseEvent(done);
+  ASSERT_EQ(clFinish(q2), CL_SUCCESS);
+  clReleaseCommandQueue(q2);
+
+  // An out-of-order queue: ordered by events only.
+  cl_command_queue ooo =
+      clCreateCommandQueue(d.context, d.device, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+  if (err == CL_SUCCESS) {
+    ASSERT_EQ(launch(ooo, ma, mb, 5, &done), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueReadBuffer(ooo, mb, CL_TRUE, 0, n * 4, got.data(), 1, &done, nullptr),
+              CL_SUCCESS);
+    expect(cur, 5, got, "out-of-order queue");
+    clReleaseEvent(done);
+    ASSERT_EQ(clFinish(ooo), CL_SUCCESS);
+    clReleaseCommandQueue(ooo);
+  }
+  clReleaseKernel(kern);
+  clReleaseProgram(p);
+  clReleaseMemObject(mb);
+  clReleaseMemObject(ma);
+  EXPECT_EQ(StorageMappings(), before);  // the client's mappings go with the buffers
 }
 
 // Writes through shared memory hold their buffer until the worker answered; a client that
