@@ -829,7 +829,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       // Shared memory offered as the buffer's storage: mapped here for the buffer's life when
       // the devices work on host memory in place; otherwise only its initial contents count.
       std::shared_ptr<uint8_t> storage;
-      bool on_storage = false;
+      bool on_storage = false, in_place = false;
       if (r.getStorage()) {
         if (passed_fd_ < 0) return {CL_INVALID_VALUE, "buffer storage without a descriptor"};
         if (r.getInitialData() != 0) {
@@ -839,7 +839,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         passed_fd_ = -1;
         auto mapped = HostBuffer::MapSealed(fd, r.getSize(), /*populate=*/false);
         if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
-        on_storage = StorageFor(*ctx) && StorageRoom(r.getSize());
+        in_place = StorageFor(*ctx);
+        on_storage = in_place && StorageRoom(r.getSize());
         if (on_storage) {
           // Counted until the mapping goes (the buffer's last backend object destroyed).
           storage_bytes_->fetch_add(r.getSize());
@@ -877,7 +878,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                           &err);
       if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
       if (m == nullptr) return {err, "clCreateBuffer failed"};
-      if (r.getStorage()) root.setStorage(on_storage);
+      // Declined because the devices do not work in place: the client offers no more. Declined
+      // for the memory limit: no answer, the client offers again later.
+      if (r.getStorage() && (on_storage || !in_place)) root.setStorage(on_storage);
       MemObj mo;
       mo.mem = Adopt(m);
       mo.size = r.getSize();

@@ -61,16 +61,17 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   c.ReleaseShm(held);
   if (storage.valid()) {
     ::close(storage.fd);  // the worker has its own descriptor (or none: it declined)
-    bool used = false;
+    bool used = false, declined = false;
     if (e == CL_SUCCESS && reply) {
       auto root = reply->root<wire::Reply>();
       used = root.isStorage() && root.getStorage();
+      declined = root.isStorage() && !root.getStorage();
     }
     if (used) {
       m->storage = static_cast<uint8_t*>(storage.map);
     } else {
       ::munmap(storage.map, storage.capacity);
-      if (e == CL_SUCCESS) c.StorageDeclined();  // its devices do not share host memory
+      if (declined) c.StorageDeclined();  // its devices do not work on host memory in place
     }
   }
   if (e != CL_SUCCESS) return Fail(err, e);

@@ -494,5 +494,7 @@ struct Reply {
     frames @12 :Text;              # JSON: the FramesOp's answer
     admin @13 :Text;               # JSON: the AdminOp's answer
     storage @14 :Bool;             # CreateBuffer with storage: the memfd is the buffer's storage
+                                   # (false: the devices do not work in place; `none` when
+                                   # declined for the worker's memory limit)
   }
 }
