@@ -172,6 +172,29 @@ void Settle(cl_command_queue q, uint64_t upto) {
   }
 }
 
+uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,
+                 const cl_event* event_out) {
+  cl_mem top = m->parent != nullptr ? m->parent : m;
+  if (top->storage == nullptr || !blocking || event_out != nullptr || !Valid(q) ||
+      (q->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0) {
+    return nullptr;
+  }
+  Connection* c = TryConn();
+  if (c == nullptr || c->Lost()) return nullptr;
+  return top->storage + (m->parent != nullptr ? m->origin : 0) + offset;
+}
+
+cl_int WaitInPlace(cl_command_queue q, cl_uint nwait, const cl_event* waits) {
+  if (nwait == 0 && waits == nullptr && Settled(q)) return CL_SUCCESS;
+  Enqueuer enq(q, nwait, waits, nullptr, CL_COMMAND_MARKER);
+  if (enq.err() != CL_SUCCESS) return enq.err();
+  enq.cmd().setMarker();
+  const uint64_t number = enq.number();
+  cl_int e = enq.conn().Wait(enq.Begin(nullptr, 0, /*blocking=*/true));
+  if (e == CL_SUCCESS) Settle(q, number);
+  return e;
+}
+
 cl_int MemProperties(const cl_mem_properties* props, std::vector<cl_mem_properties>& out) {
   out.clear();
   if (props == nullptr) return CL_SUCCESS;

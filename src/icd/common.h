@@ -254,6 +254,17 @@ inline bool Settled(cl_command_queue q) {
   return q->settled.load(std::memory_order_acquire) == q->enqueued.load(std::memory_order_acquire);
 }
 
+// Buffers on shared memory (docs/protocol.md): where byte `offset` of `m` (a buffer or a
+// sub-buffer) lies in this process when the client may touch it itself, or null: the buffer is
+// not on shared memory, the call is not blocking, an event is asked for (it must be the
+// transfer's command), the queue is out of order, or the connection is lost or the parent's.
+uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,
+                 const cl_event* event_out);
+// Waits until nothing enqueued on the in-order `q` before now, nor the wait list, can still
+// touch a buffer: at once when nothing is in flight and nothing is waited for, otherwise for a
+// marker the worker answers once it completed.
+cl_int WaitInPlace(cl_command_queue q, cl_uint nwait, const cl_event* waits);
+
 // A marker (or barrier) command: completes when its wait list (or, with none, everything
 // enqueued before it) has. `type` is what its event reports.
 cl_int Marker(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_event* event,

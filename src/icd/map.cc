@@ -16,6 +16,18 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   map.flags = flags;
   const bool invalidate = (flags & CL_MAP_WRITE_INVALIDATE_REGION) != 0;
   Connection& conn = Conn();
+  // A buffer on shared memory: a blocking map is a pointer into it, once nothing in flight or
+  // waited for can still touch it (docs/protocol.md, "Buffers on shared memory").
+  if (uint8_t* at = InPlace(q, m, offset, blocking, event);
+      at != nullptr && m->host_ptr == nullptr && (nwait == 0) == (waits == nullptr)) {
+    if (cl_int e = WaitInPlace(q, nwait, waits); e != CL_SUCCESS) return Fail(err, e);
+    map.ptr = at;
+    map.in_place = true;
+    std::lock_guard<std::mutex> lock(m->mu);
+    m->maps.push_back(map);
+    SetErr(err, CL_SUCCESS);
+    return at;
+  }
   if (m->host_ptr != nullptr) {
     map.ptr = static_cast<uint8_t*>(m->host_ptr) + offset;
   } else if ((blocking || invalidate) && conn.UseShm(size) &&
@@ -77,6 +89,12 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
   }
   cl_int e;
   bool handed_over = false;  // map.shm now belongs to a pending write
+  if (map.in_place) {
+    // What the application wrote is in the buffer already: only an event or a wait list
+    // needs a command.
+    if (nwait == 0 && waits == nullptr && event == nullptr) return CL_SUCCESS;
+    return Marker(q, nwait, waits, event, false, CL_COMMAND_UNMAP_MEM_OBJECT);
+  }
   if ((map.flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION)) != 0) {
     Enqueuer enq(q, nwait, waits, event, CL_COMMAND_UNMAP_MEM_OBJECT);
     e = enq.err();

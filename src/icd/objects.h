@@ -93,6 +93,8 @@ struct Mapping {
   size_t size = 0;
   cl_map_flags flags = 0;
   bool owned = false;  // allocated by the ICD (freed at unmap)
+  // Into a buffer on shared memory itself: nothing to copy either way.
+  bool in_place = false;
   // A large buffer mapping lives in a pooled shared buffer: the daemon reads the buffer into it
   // and unmap sends it back from there, so the data is not copied on the client.
   gmux::icd::ShmBuffer shm;

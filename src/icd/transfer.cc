@@ -105,36 +105,17 @@ bool TryRemote(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_
 bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_t offset,
                 size_t size, void* ptr, cl_uint nwait, const cl_event* waits, cl_event* event,
                 cl_int* result) {
-  cl_mem top = m->parent != nullptr ? m->parent : m;
-  if (top->storage == nullptr || !blocking || event != nullptr || !Valid(q) ||
-      (q->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0 ||
-      (nwait == 0) != (waits == nullptr)) {
-    return false;
-  }
-  Connection* c = TryConn();
-  if (c == nullptr || c->Lost()) return false;
+  uint8_t* at = InPlace(q, m, offset, blocking, event);
   // Memory the application does not map is an error from the usual path, not a crash here.
-  if (!Mapped(ptr, size)) return false;
-  uint8_t* at = top->storage + (m->parent != nullptr ? m->origin : 0) + offset;
-  if (nwait != 0 || !Settled(q)) {
-    if (write) return false;
-    Enqueuer enq(q, nwait, waits, nullptr, CL_COMMAND_MARKER);
-    if (enq.err() != CL_SUCCESS) {
-      *result = enq.err();
-      return true;
-    }
-    enq.cmd().setMarker();
-    const uint64_t number = enq.number();
-    *result = enq.conn().Wait(enq.Begin(nullptr, 0, /*blocking=*/true));
-    if (*result != CL_SUCCESS) return true;
-    Settle(q, number);
-  }
+  if (at == nullptr || (nwait == 0) != (waits == nullptr) || !Mapped(ptr, size)) return false;
+  if (write && (nwait != 0 || !Settled(q))) return false;
+  *result = WaitInPlace(q, nwait, waits);
+  if (*result != CL_SUCCESS) return true;
   if (write) {
     std::memcpy(at, ptr, size);
   } else {
     std::memcpy(ptr, at, size);
   }
-  *result = CL_SUCCESS;
   return true;
 }
 

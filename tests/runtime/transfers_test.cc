@@ -204,6 +204,26 @@ TEST(TransfersTest, BuffersOnSharedMemoryKeepQueueOrder) {
   ASSERT_EQ(clFinish(q2), CL_SUCCESS);
   clReleaseCommandQueue(q2);
 
+  // A blocking map behind a kernel sees its results; what is written through a write mapping
+  // is what the next kernel reads.
+  ASSERT_EQ(launch(d.queue, ma, mb, 6, nullptr), CL_SUCCESS);
+  auto* mapped = static_cast<uint32_t*>(clEnqueueMapBuffer(
+      d.queue, mb, CL_TRUE, CL_MAP_READ, 0, n * 4, 0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  expect(cur, 6, std::vector<uint32_t>(mapped, mapped + n), "map behind a kernel");
+  ASSERT_EQ(clEnqueueUnmapMemObject(d.queue, mb, mapped, 0, nullptr, nullptr), CL_SUCCESS);
+  auto a4 = Pattern(n, 4);
+  mapped = static_cast<uint32_t*>(clEnqueueMapBuffer(d.queue, ma, CL_TRUE, CL_MAP_WRITE, 0, n * 4,
+                                                     0, nullptr, nullptr, &err));
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::memcpy(mapped, a4.data(), n * 4);
+  ASSERT_EQ(clEnqueueUnmapMemObject(d.queue, ma, mapped, 0, nullptr, nullptr), CL_SUCCESS);
+  ASSERT_EQ(launch(d.queue, ma, mb, 7, nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, mb, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  expect(a4, 7, got, "kernel after a write mapping");
+  cur = a4;
+
   // An out-of-order queue: ordered by events only.
   cl_command_queue ooo =
       clCreateCommandQueue(d.context, d.device, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
