@@ -11,10 +11,12 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,8 @@
 #include <array>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include <spdlog/spdlog.h>
 
@@ -240,6 +244,11 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size, b
   int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return InvalidArgument("shared memory must be a memfd sealed against shrinking");
+  }
+  // A huge-page memfd can fault (SIGBUS) even sealed, when its pages are not reserved.
+  struct statfs fs{};
+  if (::fstatfs(fd, &fs) != 0 || fs.f_type == HUGETLBFS_MAGIC) {
+    return InvalidArgument("shared memory must not be on huge pages");
   }
   struct stat st{};
   if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < size) {
@@ -616,13 +625,50 @@ bool Session::StorageFor(const ContextObj& ctx) {
   return true;
 }
 
-bool Session::StorageRoom(uint64_t bytes) const {
-  // The worker's memory limit (worker_memory_bytes, RLIMIT_DATA) does not see shared mappings:
-  // buffers on shared memory count against it here, so a tenant's buffers are bounded the same
-  // wherever they live; past it a buffer is made in the worker's memory, where the limit holds.
+namespace {
+// Buffers on shared memory one session may hold: each is a mapping, and a process has at most
+// vm.max_map_count (65,530 by default) for everything.
+constexpr uint64_t kMaxStorageBuffers = 8192;
+
+// The worker's private data (VmData), what RLIMIT_DATA limits.
+uint64_t PrivateDataBytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmData:", 0) == 0) return std::strtoull(line.c_str() + 7, nullptr, 10) << 10;
+  }
+  return 0;
+}
+}  // namespace
+
+void Session::StorageBooks::ApplyLocked() const {
+  if (data_limit == 0) return;
   rlimit lim{};
-  if (::getrlimit(RLIMIT_DATA, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return true;
-  return storage_bytes_->load() + bytes <= lim.rlim_cur;
+  if (::getrlimit(RLIMIT_DATA, &lim) != 0) return;
+  lim.rlim_cur = bytes >= data_limit ? 0 : data_limit - bytes;
+  ::setrlimit(RLIMIT_DATA, &lim);
+}
+
+bool Session::StorageRoom(uint64_t bytes) {
+  // The worker's memory limit (worker_memory_bytes, RLIMIT_DATA) does not see shared mappings:
+  // while buffers are on shared memory, RLIMIT_DATA is lowered by their bytes, and a buffer
+  // fits only while they and the private data in use stay within the limit together. So a
+  // tenant's memory is bounded the same wherever its buffers live; past it a buffer is made
+  // in the worker's own memory, where the limit refuses it.
+  std::lock_guard<std::mutex> lock(storage_books_->mu);
+  StorageBooks& b = *storage_books_;
+  if (!storage_limit_read_) {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+      b.data_limit = lim.rlim_cur;
+    }
+    storage_limit_read_ = true;
+  }
+  if (b.buffers >= kMaxStorageBuffers) return false;
+  if (b.data_limit != 0 && b.bytes + bytes + PrivateDataBytes() > b.data_limit) return false;
+  b.bytes += bytes;
+  ++b.buffers;
+  b.ApplyLocked();
+  return true;
 }
 
 Session::~Session() {
@@ -842,13 +888,14 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         in_place = StorageFor(*ctx);
         on_storage = in_place && StorageRoom(r.getSize());
         if (on_storage) {
-          // Counted until the mapping goes (the buffer's last backend object destroyed).
-          storage_bytes_->fetch_add(r.getSize());
-          storage = std::shared_ptr<uint8_t>(
-              (*mapped)->data(),
-              [keep = *mapped, counter = storage_bytes_, n = r.getSize()](uint8_t*) {
-                counter->fetch_sub(n);
-              });
+          // Booked until the mapping goes (the buffer's last backend object destroyed).
+          auto unbook = [keep = *mapped, books = storage_books_, n = r.getSize()](uint8_t*) {
+            std::lock_guard<std::mutex> lock(books->mu);
+            books->bytes -= n;
+            --books->buffers;
+            books->ApplyLocked();
+          };
+          storage = std::shared_ptr<uint8_t>((*mapped)->data(), std::move(unbook));
         } else {
           storage = std::shared_ptr<uint8_t>(*mapped, (*mapped)->data());
         }
@@ -872,9 +919,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_mem m = on_storage
                      ? CreateOnStorage(cl_, ctx->ctx->h, flags, r.getSize(), storage, &err)
                      : cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
-                                          init      ? init->bytes.data()
-                                          : storage ? storage.get()
-                                                    : nullptr,
+                                          init ? init->bytes.data()
+                                          : (flags & CL_MEM_COPY_HOST_PTR) != 0 ? storage.get()
+                                                                                : nullptr,
                                           &err);
       if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
       if (m == nullptr) return {err, "clCreateBuffer failed"};
@@ -2518,6 +2565,7 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setTenant(tenant);
   h.setSession(session);
   h.setRemoteCopy(remote_copy);
+  h.setBufferStorage(true);
   const auto& devs = backend.devices();
   // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).
   std::vector<unsigned> shown;

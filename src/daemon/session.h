@@ -310,11 +310,20 @@ class Session {
   // (SharesHostMemory, asked once; -1 not yet).
   std::vector<int8_t> shares_host_;
   bool StorageFor(const ContextObj& ctx);
-  // Bytes of the session's buffers on shared memory still mapped, and whether `bytes` more fit
-  // the worker's memory limit.
-  std::shared_ptr<std::atomic<uint64_t>> storage_bytes_ =
-      std::make_shared<std::atomic<uint64_t>>(0);
-  bool StorageRoom(uint64_t bytes) const;
+  // The session's buffers on shared memory still mapped, and the worker's memory limit they
+  // share with its private memory (StorageRoom).
+  struct StorageBooks {
+    std::mutex mu;
+    uint64_t bytes = 0, buffers = 0;
+    uint64_t data_limit = 0;  // RLIMIT_DATA as the worker started (0: none)
+    // Lowers RLIMIT_DATA by what is on shared memory (mu held).
+    void ApplyLocked() const;
+  };
+  std::shared_ptr<StorageBooks> storage_books_ = std::make_shared<StorageBooks>();
+  bool storage_limit_read_ = false;
+  // Books `bytes` more on shared memory when they fit; false to make the buffer in the
+  // worker's own memory.
+  bool StorageRoom(uint64_t bytes);
 };
 
 // Whether device `i` is a pool device the tenant does not see (every one but the lowest).

@@ -113,7 +113,6 @@ Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_
     return;
   }
   c_ = &Conn();
-  number_ = q->enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
   e_ = b_.initRoot<wire::Request>().initEnqueue();
   e_.setQueue(q->id);
   id_ = c_->NextId();
@@ -130,7 +129,7 @@ Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_
 }
 
 cl_int Enqueuer::Post() {
-  cl_int e = c_->Post(b_);
+  cl_int e = c_->Post(b_, {&q_->enqueued, &number_});
   if (e == CL_SUCCESS) MakeEvent();
   return e;
 }
@@ -138,14 +137,16 @@ cl_int Enqueuer::Post() {
 uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, bool keep_shm) {
   std::function<void(cl_int)> none;
   if (!blocking) none = [](cl_int) {};
-  uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm, keep_shm);
+  uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm, keep_shm, {},
+                           {&q_->enqueued, &number_});
   MakeEvent();
   return seq;
 }
 
 cl_int Enqueuer::PostReleasing(ShmBuffer held) {
   if (!held.valid()) return Post();
-  c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held);  // nobody waits for the reply
+  // Nobody waits for the reply.
+  c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, {&q_->enqueued, &number_});
   MakeEvent();
   return CL_SUCCESS;
 }
@@ -189,9 +190,10 @@ cl_int WaitInPlace(cl_command_queue q, cl_uint nwait, const cl_event* waits) {
   Enqueuer enq(q, nwait, waits, nullptr, CL_COMMAND_MARKER);
   if (enq.err() != CL_SUCCESS) return enq.err();
   enq.cmd().setMarker();
-  const uint64_t number = enq.number();
-  cl_int e = enq.conn().Wait(enq.Begin(nullptr, 0, /*blocking=*/true));
-  if (e == CL_SUCCESS) Settle(q, number);
+  const uint64_t seq = enq.Begin(nullptr, 0, /*blocking=*/true);
+  cl_int e = enq.conn().Wait(seq);
+  // The marker entered the stream after every command numbered below it.
+  if (e == CL_SUCCESS) Settle(q, enq.number());
   return e;
 }
 

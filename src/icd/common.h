@@ -220,7 +220,7 @@ class Enqueuer {
   cl_int err() const { return err_; }
   wire::Enqueue::Builder& cmd() { return e_; }
   Connection& conn() { return *c_; }
-  // This command's place in its queue's count of enqueued commands (Settle).
+  // This command's place in its queue's count of enqueued commands (Settle), once sent.
   uint64_t number() const { return number_; }
 
   // Sends the command without waiting.

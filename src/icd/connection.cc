@@ -222,6 +222,7 @@ Connection* Connection::Connect() {
     if (rep.getStatus() != CL_SUCCESS || !rep.isHello()) return;
     conn->tenant_ = rep.getHello().getTenant();
     conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
+    conn->storage_enabled_ = !tcp && rep.getHello().getBufferStorage();
     conn->hello_pid_ = ::getpid();
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
@@ -274,13 +275,15 @@ constexpr size_t kBatchBytes = 64u << 10;       // the batch is sent when it rea
 
 }  // namespace
 
-cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd) {
+cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd,
+                              StreamOrder order) {
   if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
   std::lock_guard<std::mutex> lock(send_mu_);
   {
     std::lock_guard<std::mutex> l2(mu_);
     if (dead_) return CL_DEVICE_NOT_AVAILABLE;
   }
+  if (order.counter != nullptr) *order.number = order.counter->fetch_add(1) + 1;
   {
     // Destroyed shared buffers: the daemon drops its mappings before anything later arrives.
     std::vector<uint64_t> forget;
@@ -329,14 +332,14 @@ cl_int Connection::Flush() {
   return ok ? CL_SUCCESS : CL_DEVICE_NOT_AVAILABLE;
 }
 
-cl_int Connection::Post(capnp::MallocMessageBuilder& request) {
+cl_int Connection::Post(capnp::MallocMessageBuilder& request, StreamOrder order) {
   request.getRoot<wire::Request>().setSeq(0);
-  return SendLocked(request, /*may_batch=*/true);
+  return SendLocked(request, /*may_batch=*/true, -1, order);
 }
 
 uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size_t size,
                            std::function<void(cl_int)> on_reply, ShmBuffer shm, bool keep_shm,
-                           ShmBuffer release) {
+                           ShmBuffer release, StreamOrder order) {
   if (Forked()) {
     // Nothing is sent and nothing waited for (Wait(0) answers CL_DEVICE_NOT_AVAILABLE).
     if (on_reply) on_reply(CL_DEVICE_NOT_AVAILABLE);
@@ -360,7 +363,7 @@ uint64_t Connection::Begin(capnp::MallocMessageBuilder& request, void* dst, size
     }
     if (p.on_reply && ++async_pending_ == 1 && waiters_ == 0) reader_cv_.notify_one();
   }
-  cl_int err = SendLocked(request, /*may_batch=*/false, shm.fd);
+  cl_int err = SendLocked(request, /*may_batch=*/false, shm.fd, order);
   if (err != CL_SUCCESS) {
     std::function<void(cl_int)> cb;
     {

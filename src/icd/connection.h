@@ -42,6 +42,13 @@ struct DeviceDesc {
   cl_device_type type = 0;
 };
 
+// Numbers an enqueue in its queue's order when it enters the stream (under the send lock):
+// every command of the queue numbered lower went before it (icd/objects.h, `enqueued`).
+struct StreamOrder {
+  std::atomic<uint64_t>* counter = nullptr;
+  uint64_t* number = nullptr;
+};
+
 // A sealed memfd mapped read-write, for one transfer at a time (pooled by the Connection).
 struct ShmBuffer {
   int fd = -1;
@@ -64,7 +71,7 @@ class Connection {
 
   // Sends a request without waiting (its seq is left 0). Small requests are batched: they leave
   // with the next request that waits for a reply, at Flush(), or when the batch fills.
-  cl_int Post(capnp::MallocMessageBuilder& request);
+  cl_int Post(capnp::MallocMessageBuilder& request, StreamOrder order = {});
   // Sends the batch now (clFlush).
   cl_int Flush();
 
@@ -84,7 +91,7 @@ class Connection {
   // never behind the application's callbacks.
   uint64_t Begin(capnp::MallocMessageBuilder& request, void* dst = nullptr, size_t size = 0,
                  std::function<void(cl_int)> on_reply = nullptr, ShmBuffer shm = {},
-                 bool keep_shm = false, ShmBuffer release = {});
+                 bool keep_shm = false, ShmBuffer release = {}, StreamOrder order = {});
   cl_int Wait(uint64_t seq);
 
   // Sends `size` bytes as bulk data under a new token and returns the token (0 on failure).
@@ -137,14 +144,12 @@ class Connection {
 
   // Buffers on shared memory (docs/protocol.md, "Buffers on shared memory"): whether a buffer
   // of `size` bytes should be offered a memfd as its storage. Local connections with shared
-  // memory, from kStorageMinBytes (smaller ones cost more to map than their transfers take),
-  // until the worker once declined (its devices do not share host memory), and not with
-  // GMUX_BUFFER_STORAGE=0.
+  // memory whose worker knows them, from kStorageMinBytes (smaller ones cost more to map than
+  // their transfers take), and not with GMUX_BUFFER_STORAGE=0. (A context whose devices do not
+  // work on host memory in place is not offered again: _cl_context::storage_declined.)
   bool UseStorage(size_t size) const {
-    return storage_enabled_ && shm_enabled_ && size >= kStorageMinBytes &&
-           !storage_declined_.load(std::memory_order_relaxed) && !Lost();
+    return storage_enabled_ && shm_enabled_ && size >= kStorageMinBytes && !Lost();
   }
-  void StorageDeclined() { storage_declined_ = true; }
   // A new sealed memfd of `size` bytes mapped read-write here (invalid on failure); the
   // mapping is the buffer's until it is destroyed, the descriptor goes to the worker.
   static ShmBuffer CreateStorage(size_t size);
@@ -171,7 +176,8 @@ class Connection {
   void AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq);
   void ReceiveLoop();
   void CallbackLoop();
-  cl_int SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd = -1);
+  cl_int SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd = -1,
+                    StreamOrder order = {});
 
   struct Pending {
     bool done = false;
@@ -203,8 +209,8 @@ class Connection {
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
-  bool storage_enabled_ = true;  // GMUX_BUFFER_STORAGE=0 turns buffers on shared memory off
-  std::atomic<bool> storage_declined_{false};
+  // The worker knows buffers on shared memory; GMUX_BUFFER_STORAGE=0 turns them off.
+  bool storage_enabled_ = false;
   // Whether the worker may still copy for this process: not once the process forked (a child
   // would have the worker copy to and from its parent, whose pid the worker holds) nor once it
   // made itself not dumpable or changed its uid (which makes it so): the worker's copies would

@@ -33,7 +33,8 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   // A buffer on shared memory (docs/protocol.md): not for CL_MEM_USE_HOST_PTR (the
   // application's memory is the buffer's) nor for one the host never touches.
   ShmBuffer storage;
-  if ((flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS)) == 0 && c.UseStorage(size)) {
+  if ((flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS)) == 0 && c.UseStorage(size) &&
+      !ctx->storage_declined.load(std::memory_order_relaxed)) {
     storage = Connection::CreateStorage(size);
   }
   uint64_t token = 0;
@@ -71,7 +72,7 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
       m->storage = static_cast<uint8_t*>(storage.map);
     } else {
       ::munmap(storage.map, storage.capacity);
-      if (declined) c.StorageDeclined();  // its devices do not work on host memory in place
+      if (declined) ctx->storage_declined = true;  // its devices do not work in place
     }
   }
   if (e != CL_SUCCESS) return Fail(err, e);

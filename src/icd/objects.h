@@ -67,6 +67,9 @@ struct _cl_context : gmux::icd::ObjectHeader {
   std::vector<cl_device_id> devices;
   std::vector<cl_context_properties> properties;
   std::mutex mu;  // guards destructors
+  // The worker said this context's devices do not work on host memory in place: its buffers
+  // are not offered shared memory again (memory.cc).
+  std::atomic<bool> storage_declined{false};
   // clSetContextDestructorCallback's callbacks, in registration order (run in reverse when the
   // last reference is released).
   std::vector<std::pair<void(CL_CALLBACK*)(cl_context, void*), void*>> destructors;
@@ -80,9 +83,10 @@ struct _cl_command_queue : gmux::icd::ObjectHeader {
   // clCreateCommandQueueWithProperties' list as given (CL_QUEUE_PROPERTIES_ARRAY; empty when
   // made otherwise or with none).
   std::vector<cl_queue_properties> properties_array;
-  // Commands enqueued so far, and how many of the first of them are known to have completed
-  // (clFinish, a blocking wait): when the two are equal nothing of this queue is in flight,
-  // and a blocking transfer of a buffer on shared memory is a copy by the caller (transfer.cc).
+  // Commands enqueued so far (counted as they enter the stream, so a lower number went
+  // before), and how many of the first of them are known to have completed (clFinish, a
+  // marker waited for): when the two are equal nothing of this queue is in flight, and a
+  // blocking transfer of a buffer on shared memory is a copy by the caller (transfer.cc).
   std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> settled{0};
 };

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -30,8 +31,13 @@ bool Mapped(const void* p, size_t n) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t from = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
   const uintptr_t to = reinterpret_cast<uintptr_t>(p) + n;
-  std::vector<unsigned char> vec((to - from + page - 1) / page);
-  return ::mincore(reinterpret_cast<void*>(from), to - from, vec.data()) == 0;
+  // In steps of 1,024 pages, so nothing is allocated per call.
+  unsigned char vec[1024];
+  for (uintptr_t at = from; at < to; at += sizeof(vec) * page) {
+    const uintptr_t len = std::min<uintptr_t>(to - at, sizeof(vec) * page);
+    if (::mincore(reinterpret_cast<void*>(at), len, vec) != 0) return false;
+  }
+  return true;
 }
 
 // A blocking transfer by remote copy failed with `e`: whether to do it again the copying way.
@@ -109,13 +115,17 @@ bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size
   // Memory the application does not map is an error from the usual path, not a crash here.
   if (at == nullptr || (nwait == 0) != (waits == nullptr) || !Mapped(ptr, size)) return false;
   if (write && (nwait != 0 || !Settled(q))) return false;
+  // Held while waiting and copying: another thread may release the application's last
+  // reference meanwhile (OpenCL defers the deletion until commands using it are done).
+  cl_mem top = m->parent != nullptr ? m->parent : m;
+  top->refs.fetch_add(1);
   *result = WaitInPlace(q, nwait, waits);
-  if (*result != CL_SUCCESS) return true;
-  if (write) {
+  if (*result == CL_SUCCESS && write) {
     std::memcpy(at, ptr, size);
-  } else {
+  } else if (*result == CL_SUCCESS) {
     std::memcpy(ptr, at, size);
   }
+  Release(top);
   return true;
 }
 

@@ -131,6 +131,7 @@ struct HelloReply {
   session @2 :UInt64;
   devices @3 :List(DeviceSummary);
   remoteCopy @4 :Bool;     # the worker read the probe: WriteBuffer/ReadBuffer may name `remote`
+  bufferStorage @5 :Bool;  # the worker knows CreateBuffer's `storage` (buffers on shared memory)
 }
 
 struct GetInfo {

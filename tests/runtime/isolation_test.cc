@@ -1379,8 +1379,9 @@ int MemoryHog(Channel& ch) {
   return 1;
 }
 
-// "Max data size" and "Max open files" (soft) of a process from /proc/PID/limits; -1 unknown,
-// 0 unlimited.
+// "Max data size" (hard: the worker lowers the soft one while it holds buffers on shared
+// memory) and "Max open files" (soft) of a process from /proc/PID/limits; -1 unknown, 0
+// unlimited.
 std::pair<long long, long long> DataAndFileLimits(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/limits");
   std::string line;
@@ -1391,7 +1392,7 @@ std::pair<long long, long long> DataAndFileLimits(pid_t pid) {
     return v.rfind("unlimited", 0) == 0 ? 0LL : std::atoll(v.c_str());
   };
   while (std::getline(in, line)) {
-    if (line.rfind("Max data size", 0) == 0) data = value(line, 26);
+    if (line.rfind("Max data size", 0) == 0) data = value(line, 47);
     if (line.rfind("Max open files", 0) == 0) files = value(line, 26);
   }
   return {data, files};

@@ -12,11 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/runtime_env.h"
@@ -241,6 +243,53 @@ TEST(TransfersTest, BuffersOnSharedMemoryKeepQueueOrder) {
   clReleaseMemObject(mb);
   clReleaseMemObject(ma);
   EXPECT_EQ(StorageMappings(), before);  // the client's mappings go with the buffers
+}
+
+// Buffers on shared memory used from two threads. A non-blocking write another thread is still
+// sending while this one calls clFinish must not count as done: once that thread's call
+// returned, a blocking read is ordered after the write and sees its data. And a blocking read
+// waiting on a user event keeps its buffer alive when another thread releases the last
+// reference meanwhile (OpenCL defers the deletion), instead of copying from memory gone.
+TEST(TransfersTest, BuffersOnSharedMemoryAcrossThreads) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const size_t n = 64u << 20;
+  cl_int err;
+  cl_mem b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::vector<uint8_t> src(n), head(4096);
+  for (int iter = 0; iter < 4; ++iter) {
+    const auto v = static_cast<uint8_t>(0xa0 + iter);
+    std::memset(src.data(), v, n);
+    cl_int write_err = CL_SUCCESS;
+    std::thread other([&] {
+      write_err = clEnqueueWriteBuffer(d.queue, b, CL_FALSE, 0, n, src.data(), 0, nullptr,
+                                       nullptr);
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(500 * iter));
+    ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+    other.join();
+    ASSERT_EQ(write_err, CL_SUCCESS);
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, b, CL_TRUE, 0, head.size(), head.data(), 0, nullptr,
+                                  nullptr), CL_SUCCESS);
+    EXPECT_EQ(head[0], v) << "iteration " << iter;
+    EXPECT_EQ(head[4095], v) << "iteration " << iter;
+    ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  }
+  cl_event gate = clCreateUserEvent(d.context, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    clReleaseMemObject(b);
+    clSetUserEventStatus(gate, CL_COMPLETE);
+  });
+  std::vector<uint8_t> back(1u << 20, 0);
+  EXPECT_EQ(clEnqueueReadBuffer(d.queue, b, CL_TRUE, 0, back.size(), back.data(), 1, &gate,
+                                nullptr), CL_SUCCESS);
+  releaser.join();
+  EXPECT_EQ(back[0], 0xa3);
+  clReleaseEvent(gate);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
 }
 
 // Writes through shared memory hold their buffer until the worker answered; a client that
