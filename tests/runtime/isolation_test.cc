@@ -809,33 +809,39 @@ int MakeSealedMemfd(size_t bytes) {
 
 uint64_t Pattern(int i) { return 0x0123456789abcdefull ^ (static_cast<uint64_t>(i) << 40); }
 
+// A raw-protocol request built by `fill`, sent with `pass_fd` as SCM_RIGHTS; its status
+// (-9999 when the connection failed).
+template <typename Fill>
+int32_t RawCall(RawConn& c, Fill fill, int pass_fd = -1) {
+  capnp::MallocMessageBuilder b;
+  fill(b.initRoot<wire::Request>());
+  auto r = c.Call(b, pass_fd);
+  return r.ok() ? *r : -9999;
+}
+
+// Context 1 on device 0, and queue 2 in it.
+bool RawContextAndQueue(RawConn& c) {
+  return RawCall(c, [](wire::Request::Builder r) {
+           auto cc = r.initCreateContext();
+           cc.setId(1);
+           cc.initDevices(1).set(0, 0);
+         }) == CL_SUCCESS &&
+         RawCall(c, [](wire::Request::Builder r) {
+           auto q = r.initCreateQueue();
+           q.setId(2);
+           q.setContext(1);
+           q.setDevice(0);
+         }) == CL_SUCCESS;
+}
+
 // Raw protocol: a context, a queue and a 64-byte buffer; Send(0), wait for Go; then four 8-byte
 // writes whose data is in a 512 MiB sealed memfd each, and four 8-byte reads back into four
 // more; Send(0 when every transfer was right, else the step that failed); wait for Go.
 int MemfdClient(Channel& ch, const std::string& socket) {
   RawConn c(ConnectUnix(socket));
   if (c.fd() < 0 || !c.Hello().ok()) return 50;
-  auto call = [&](auto fill, int pass_fd = -1) -> int32_t {
-    capnp::MallocMessageBuilder b;
-    fill(b.initRoot<wire::Request>());
-    auto r = c.Call(b, pass_fd);
-    return r.ok() ? *r : -9999;
-  };
-  if (call([](wire::Request::Builder r) {
-        auto cc = r.initCreateContext();
-        cc.setId(1);
-        cc.initDevices(1).set(0, 0);
-      }) != CL_SUCCESS) {
-    return 51;
-  }
-  if (call([](wire::Request::Builder r) {
-        auto q = r.initCreateQueue();
-        q.setId(2);
-        q.setContext(1);
-        q.setDevice(0);
-      }) != CL_SUCCESS) {
-    return 52;
-  }
+  auto call = [&](auto fill, int pass_fd = -1) { return RawCall(c, fill, pass_fd); };
+  if (!RawContextAndQueue(c)) return 51;
   if (call([](wire::Request::Builder r) {
         auto m = r.initCreateBuffer();
         m.setId(3);
@@ -936,25 +942,8 @@ TEST_F(IsolationTest, HugeSealedMemfdsForTinyTransfersDoNotInflateMemory) {
 int StorageClient(const std::string& socket) {
   RawConn c(ConnectUnix(socket));
   if (c.fd() < 0 || !c.Hello().ok()) return 70;
-  auto call = [&](auto fill, int pass_fd = -1) -> int32_t {
-    capnp::MallocMessageBuilder b;
-    fill(b.initRoot<wire::Request>());
-    auto r = c.Call(b, pass_fd);
-    return r.ok() ? *r : -9999;
-  };
-  if (call([](wire::Request::Builder r) {
-        auto cc = r.initCreateContext();
-        cc.setId(1);
-        cc.initDevices(1).set(0, 0);
-      }) != CL_SUCCESS ||
-      call([](wire::Request::Builder r) {
-        auto q = r.initCreateQueue();
-        q.setId(2);
-        q.setContext(1);
-        q.setDevice(0);
-      }) != CL_SUCCESS) {
-    return 71;
-  }
+  auto call = [&](auto fill, int pass_fd = -1) { return RawCall(c, fill, pass_fd); };
+  if (!RawContextAndQueue(c)) return 71;
   constexpr uint64_t kBytes = 1u << 20;
   auto create = [&](uint64_t id, int fd, uint64_t initial = 0) {
     return call(
