@@ -262,7 +262,8 @@ uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,
                  const cl_event* event_out);
 // Waits until nothing enqueued on the in-order `q` before now, nor the wait list, can still
 // touch a buffer: at once when nothing is in flight and nothing is waited for, otherwise for a
-// marker the worker answers once it completed.
+// marker the worker answers once it completed (whose Enqueuer checks the wait list:
+// CL_INVALID_EVENT_WAIT_LIST as for any enqueue).
 cl_int WaitInPlace(cl_command_queue q, cl_uint nwait, const cl_event* waits);
 
 // A marker (or barrier) command: completes when its wait list (or, with none, everything

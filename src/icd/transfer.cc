@@ -113,8 +113,9 @@ bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size
                 cl_int* result) {
   uint8_t* at = InPlace(q, m, offset, blocking, event);
   // Memory the application does not map is an error from the usual path, not a crash here.
-  if (at == nullptr || (nwait == 0) != (waits == nullptr) || !Mapped(ptr, size)) return false;
-  if (write && (nwait != 0 || !Settled(q))) return false;
+  // (A malformed wait list is WaitInPlace's error, as it would be the usual path's.)
+  if (at == nullptr || !Mapped(ptr, size)) return false;
+  if (write && (nwait != 0 || waits != nullptr || !Settled(q))) return false;
   // Held while waiting and copying: another thread may release the application's last
   // reference meanwhile (OpenCL defers the deletion until commands using it are done).
   cl_mem top = m->parent != nullptr ? m->parent : m;
