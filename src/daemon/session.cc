@@ -656,12 +656,12 @@ bool Session::StorageRoom(uint64_t bytes) {
   // in the worker's own memory, where the limit refuses it.
   std::lock_guard<std::mutex> lock(storage_books_->mu);
   StorageBooks& b = *storage_books_;
-  if (!storage_limit_read_) {
+  if (!b.limit_read) {
     rlimit lim{};
     if (::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
       b.data_limit = lim.rlim_cur;
     }
-    storage_limit_read_ = true;
+    b.limit_read = true;
   }
   if (b.buffers >= kMaxStorageBuffers) return false;
   if (b.data_limit != 0 && b.bytes + bytes + PrivateDataBytes() > b.data_limit) return false;

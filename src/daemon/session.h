@@ -315,12 +315,12 @@ class Session {
   struct StorageBooks {
     std::mutex mu;
     uint64_t bytes = 0, buffers = 0;
+    bool limit_read = false;  // data_limit is read before the first buffer is booked
     uint64_t data_limit = 0;  // RLIMIT_DATA as the worker started (0: none)
     // Lowers RLIMIT_DATA by what is on shared memory (mu held).
     void ApplyLocked() const;
   };
   std::shared_ptr<StorageBooks> storage_books_ = std::make_shared<StorageBooks>();
-  bool storage_limit_read_ = false;
   // Books `bytes` more on shared memory when they fit; false to make the buffer in the
   // worker's own memory.
   bool StorageRoom(uint64_t bytes);
