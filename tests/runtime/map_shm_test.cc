@@ -7,11 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-#include <string>
 #include <vector>
 
 #include "runtime/runtime_env.h"
@@ -19,25 +14,16 @@
 namespace gmux::testing {
 namespace {
 
-// Whether `p` lies in a mapping of a buffer on shared memory (icd/connection.h, CreateStorage).
+// Whether `p` lies in a mapping of a buffer on shared memory.
 bool InStorage(const void* p) {
-  std::ifstream maps("/proc/self/maps");
   const auto at = reinterpret_cast<uintptr_t>(p);
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find("memfd:gmux-buffer") == std::string::npos) continue;
-    uintptr_t from = 0, to = 0;
-    char dash = 0;
-    std::istringstream in(line);
-    in >> std::hex >> from >> dash >> to;
+  for (const auto& [from, to] : StorageMappings()) {
     if (at >= from && at < to) return true;
   }
   return false;
 }
 
-bool StorageOff() {
-  const char* v = std::getenv("GMUX_BUFFER_STORAGE");
-  return v != nullptr && std::strcmp(v, "0") == 0;
-}
+bool StorageOff() { return EnvIs("GMUX_BUFFER_STORAGE", "0"); }
 
 TEST(MapShmTest, MappingsReuseSharedBuffersAndKeepSemantics) {
   ClDevice d;

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "runtime/test_pki.h"
@@ -200,6 +201,25 @@ cl_program BuildProgram(const ClDevice& d, const std::string& source, std::strin
     return nullptr;
   }
   return p;
+}
+
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+std::vector<std::pair<uintptr_t, uintptr_t>> StorageMappings() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:gmux-buffer") == std::string::npos) continue;
+    uintptr_t from = 0, to = 0;
+    char dash = 0;
+    std::istringstream in(line);
+    in >> std::hex >> from >> dash >> to;
+    out.emplace_back(from, to);
+  }
+  return out;
 }
 
 int RunShell(const std::string& cmd, std::string& out) {

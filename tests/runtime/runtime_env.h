@@ -9,7 +9,9 @@
 #endif
 #include <CL/cl.h>
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gmux::testing {
@@ -56,6 +58,13 @@ std::string BuildLog(cl_program p, cl_device_id d);
 // Runs a shell command (inheriting this process's environment, so the loader finds gmux) and
 // returns its exit status (-1 when it did not exit normally); stdout and stderr go to `out`.
 int RunShell(const std::string& cmd, std::string& out);
+
+// Whether the environment variable `name` is set to `value`.
+bool EnvIs(const char* name, const char* value);
+
+// The address ranges [from, to) of this process's mappings of buffers on shared memory (memfds
+// named "gmux-buffer": icd/connection.h, CreateStorage).
+std::vector<std::pair<uintptr_t, uintptr_t>> StorageMappings();
 
 // The platforms compared by every program test.
 inline const char* kGmux = "gmux";

@@ -14,9 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,21 +71,6 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   clReleaseMemObject(m);
 }
 
-// Mappings of buffers on shared memory in this process (icd/connection.h, CreateStorage).
-int StorageMappings() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find("memfd:gmux-buffer") != std::string::npos) ++n;
-  }
-  return n;
-}
-
-bool EnvIs(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-
 // What slow_next computes: 300 steps of the pattern's generator, plus k.
 uint32_t SlowNext(uint32_t x, uint32_t k) {
   for (int j = 0; j < 300; ++j) x = x * 1664525u + 1013904223u;
@@ -109,14 +92,14 @@ TEST(TransfersTest, BuffersOnSharedMemoryKeepQueueOrder) {
       !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") && !EnvIs("GMUX_BUFFER_STORAGE", "0");
   const size_t n = (1u << 20) / 4;
   auto a = Pattern(n, 1);
-  const int before = StorageMappings();
+  const size_t before = StorageMappings().size();
   cl_int err;
   cl_mem ma = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * 4, a.data(),
                              &err);
   ASSERT_EQ(err, CL_SUCCESS);
   cl_mem mb = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n * 4, nullptr, &err);
   ASSERT_EQ(err, CL_SUCCESS);
-  EXPECT_EQ(StorageMappings() - before, expect_storage ? 2 : 0);
+  EXPECT_EQ(StorageMappings().size() - before, expect_storage ? 2u : 0u);
   std::string log;
   cl_program p = BuildProgram(d, R"(
     __kernel void slow_next(__global const uint* a, __global uint* b, uint k) {
@@ -242,7 +225,7 @@ TEST(TransfersTest, BuffersOnSharedMemoryKeepQueueOrder) {
   clReleaseProgram(p);
   clReleaseMemObject(mb);
   clReleaseMemObject(ma);
-  EXPECT_EQ(StorageMappings(), before);  // the client's mappings go with the buffers
+  EXPECT_EQ(StorageMappings().size(), before);  // the client's mappings go with the buffers
 }
 
 // Buffers on shared memory used from two threads. A non-blocking write another thread is still
