@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/bulk_copy.h"
 #include "icd/connection.h"
 #include "icd/objects.h"
 

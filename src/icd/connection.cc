@@ -16,6 +16,7 @@
 
 #include <kj/exception.h>
 
+#include "common/bulk_copy.h"
 #include "tls/tls.h"
 
 #include <algorithm>
@@ -559,7 +560,7 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
   if (UseShm(size)) {
     ShmBuffer buf = AcquireShm(size);
     if (buf.valid()) {
-      std::memcpy(buf.map, data, size);
+      CopyBytes(buf.map, data, size);
       token = SendShm(buf, size);
       if (token == 0) {
         ReleaseShm(buf);
@@ -666,7 +667,7 @@ bool Connection::ReadOne() {
       p.status = rep.getStatus();
       p.message = rep.getMessage();
       if (p.shm.valid()) {
-        if (p.status == CL_SUCCESS && p.dst != nullptr) std::memcpy(p.dst, p.shm.map, p.size);
+        if (p.status == CL_SUCCESS && p.dst != nullptr) CopyBytes(p.dst, p.shm.map, p.size);
         ReleaseShm(p.shm, /*in_flight=*/true);
         p.shm = {};
       }

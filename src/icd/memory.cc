@@ -40,7 +40,7 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   uint64_t token = 0;
   ShmBuffer held;
   if (needs_ptr && storage.valid()) {
-    std::memcpy(storage.map, host_ptr, size);  // the initial contents, where the worker finds them
+    CopyBytes(storage.map, host_ptr, size);  // the initial contents, where the worker finds them
   } else if (needs_ptr) {
     token = c.SendBulk(host_ptr, size, &held);
     if (token == 0) return Fail(err, CL_OUT_OF_RESOURCES);

@@ -122,9 +122,9 @@ bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size
   top->refs.fetch_add(1);
   *result = WaitInPlace(q, nwait, waits);
   if (*result == CL_SUCCESS && write) {
-    std::memcpy(at, ptr, size);
+    CopyBytes(at, ptr, size);
   } else if (*result == CL_SUCCESS) {
-    std::memcpy(ptr, at, size);
+    CopyBytes(ptr, at, size);
   }
   Release(top);
   return true;
