@@ -129,7 +129,7 @@ Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_
 }
 
 cl_int Enqueuer::Post() {
-  cl_int e = c_->Post(b_, {&q_->enqueued, &number_});
+  cl_int e = c_->Post(b_, {&q_->enqueued, &number_, &q_->context->in_flight});
   if (e == CL_SUCCESS) MakeEvent();
   return e;
 }
@@ -138,7 +138,7 @@ uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, b
   std::function<void(cl_int)> none;
   if (!blocking) none = [](cl_int) {};
   uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm, keep_shm, {},
-                           {&q_->enqueued, &number_});
+                           {&q_->enqueued, &number_, &q_->context->in_flight});
   MakeEvent();
   return seq;
 }
@@ -146,7 +146,7 @@ uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, b
 cl_int Enqueuer::PostReleasing(ShmBuffer held) {
   if (!held.valid()) return Post();
   // Nobody waits for the reply.
-  c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, {&q_->enqueued, &number_});
+  c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, {&q_->enqueued, &number_, &q_->context->in_flight});
   MakeEvent();
   return CL_SUCCESS;
 }
@@ -168,8 +168,12 @@ void Enqueuer::MakeEvent() {
 
 void Settle(cl_command_queue q, uint64_t upto) {
   uint64_t was = q->settled.load(std::memory_order_relaxed);
-  while (was < upto &&
-         !q->settled.compare_exchange_weak(was, upto, std::memory_order_acq_rel)) {
+  while (was < upto) {
+    if (q->settled.compare_exchange_weak(was, upto, std::memory_order_acq_rel)) {
+      q->context->in_flight.fetch_sub(static_cast<int64_t>(upto - was),
+                                      std::memory_order_acq_rel);
+      return;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -251,6 +252,11 @@ Connection* Connection::Connect() {
       e != nullptr && std::strcmp(e, "0") == 0) {
     conn->storage_enabled_ = false;
   }
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    conn->storage_fds_max_ = static_cast<int>(
+        std::min<rlim_t>(files.rlim_cur == RLIM_INFINITY ? 2048 : files.rlim_cur / 8, 256));
+  }
   std::thread([conn] { conn->ReceiveLoop(); }).detach();
   std::thread([conn] { conn->CallbackLoop(); }).detach();
   return conn;
@@ -284,6 +290,8 @@ cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_bat
     std::lock_guard<std::mutex> l2(mu_);
     if (dead_) return CL_DEVICE_NOT_AVAILABLE;
   }
+  // The context's count first: a Settle of this command (which subtracts) comes after both.
+  if (order.in_flight != nullptr) order.in_flight->fetch_add(1, std::memory_order_acq_rel);
   if (order.counter != nullptr) *order.number = order.counter->fetch_add(1) + 1;
   {
     // Destroyed shared buffers: the daemon drops its mappings before anything later arrives.
@@ -518,6 +526,53 @@ ShmBuffer Connection::CreateStorage(size_t size) {
   }
   return {fd, p, size, 0};
 }
+
+ShmBuffer Connection::TakeStorage(size_t size) {
+  if (Forked()) return {};
+  std::lock_guard<std::mutex> lock(storage_mu_);
+  for (auto it = storage_pool_.rbegin(); it != storage_pool_.rend(); ++it) {
+    if (it->capacity == size) {
+      ShmBuffer b = *it;
+      storage_pool_.erase(std::next(it).base());
+      return b;
+    }
+  }
+  return {};
+}
+
+bool Connection::PoolStorage(ShmBuffer storage) {
+  if (Forked() || Lost() || storage.capacity > kStoragePoolMaxBytes) return false;
+  std::vector<ShmBuffer> dropped;
+  {
+    std::lock_guard<std::mutex> lock(storage_mu_);
+    size_t total = storage.capacity;
+    for (const ShmBuffer& b : storage_pool_) total += b.capacity;
+    size_t drop = 0;
+    while (drop < storage_pool_.size() &&
+           (total > kStoragePoolBytes || storage_pool_.size() - drop >= kStoragePoolEntries)) {
+      total -= storage_pool_[drop].capacity;
+      dropped.push_back(storage_pool_[drop++]);
+    }
+    storage_pool_.erase(storage_pool_.begin(), storage_pool_.begin() + static_cast<long>(drop));
+    storage_pool_.push_back(storage);
+  }
+  for (const ShmBuffer& b : dropped) {
+    ::munmap(b.map, b.capacity);
+    ::close(b.fd);
+  }
+  return true;
+}
+
+bool Connection::KeepStorageFd(size_t size) {
+  if (size > kStoragePoolMaxBytes) return false;
+  int was = storage_fds_.load(std::memory_order_relaxed);
+  while (was < storage_fds_max_) {
+    if (storage_fds_.compare_exchange_weak(was, was + 1, std::memory_order_relaxed)) return true;
+  }
+  return false;
+}
+
+void Connection::DropStorageFd() { storage_fds_.fetch_sub(1, std::memory_order_relaxed); }
 
 void Connection::DestroyShmLocked(ShmBuffer buffer) {
   ::munmap(buffer.map, buffer.capacity);

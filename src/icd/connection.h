@@ -47,6 +47,7 @@ struct DeviceDesc {
 struct StreamOrder {
   std::atomic<uint64_t>* counter = nullptr;
   uint64_t* number = nullptr;
+  std::atomic<int64_t>* in_flight = nullptr;  // also counted here, first (the context's)
 };
 
 // A sealed memfd mapped read-write, for one transfer at a time (pooled by the Connection).
@@ -154,6 +155,22 @@ class Connection {
   // mapping is the buffer's until it is destroyed, the descriptor goes to the worker.
   static ShmBuffer CreateStorage(size_t size);
   static constexpr size_t kStorageMinBytes = 64u << 10;
+  // Memory of released buffers on shared memory, kept for the next buffer of the same size
+  // (docs/protocol.md, "Buffers on shared memory"): a new memfd costs its creation, seals and
+  // mappings, and every page's first touch costs more on shared memory than on the anonymous
+  // memory a native allocator reuses (docs/performance.md). Like the C library's allocator,
+  // which reuses freed memory up to 32 MiB and gives larger blocks back at once: buffers up to
+  // kStoragePoolMaxBytes, at most kStoragePoolEntries and kStoragePoolBytes together (the
+  // oldest go first). A buffer keeps its memfd's descriptor for this while the connection has
+  // room for it (KeepStorageFd: at most an eighth of RLIMIT_NOFILE, at most 256, so an
+  // application's own descriptors keep their room). Not in a forked child (the parent's).
+  ShmBuffer TakeStorage(size_t size);           // invalid: none of that size kept
+  bool PoolStorage(ShmBuffer storage);          // false: not kept (the caller unmaps, closes)
+  bool KeepStorageFd(size_t size);              // a live buffer may keep its descriptor
+  void DropStorageFd();                         // one kept by a live buffer was closed
+  static constexpr size_t kStoragePoolMaxBytes = 32u << 20;
+  static constexpr size_t kStoragePoolBytes = 64u << 20;
+  static constexpr size_t kStoragePoolEntries = 16;
   // Whether the daemon is gone (every call fails from now on).
   bool Lost() const { return dead_.load(std::memory_order_relaxed) || Forked(); }
 
@@ -205,6 +222,10 @@ class Connection {
   std::multiset<size_t> shm_in_flight_;  // capacities of the buffers requests in flight hold
   double shm_create_ns_per_byte_ = 0; // what creating the last new buffer cost
   void DestroyShmLocked(ShmBuffer buffer);
+  std::mutex storage_mu_;                  // guards storage_pool_
+  std::vector<ShmBuffer> storage_pool_;    // released buffers' memory, oldest first
+  std::atomic<int> storage_fds_{0};        // descriptors live buffers keep
+  int storage_fds_max_ = 0;                // set at connection
   ShmBuffer CreateShm(size_t size);  // a new memfd of at least `size` bytes, mapped
 
   int fd_ = -1;

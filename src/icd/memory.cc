@@ -35,7 +35,10 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   ShmBuffer storage;
   if ((flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS)) == 0 && c.UseStorage(size) &&
       !ctx->storage_declined.load(std::memory_order_relaxed)) {
-    storage = Connection::CreateStorage(size);
+    // A released buffer's memory of this size if one is kept (its old contents are this
+    // process's own; OpenCL promises a new buffer no contents), else a new memfd.
+    storage = c.TakeStorage(size);
+    if (!storage.valid()) storage = Connection::CreateStorage(size);
   }
   uint64_t token = 0;
   ShmBuffer held;
@@ -61,7 +64,6 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   cl_int e = c.Call(b, storage.valid() ? &reply : nullptr, nullptr, storage.fd);
   c.ReleaseShm(held);
   if (storage.valid()) {
-    ::close(storage.fd);  // the worker has its own descriptor (or none: it declined)
     bool used = false, declined = false;
     if (e == CL_SUCCESS && reply) {
       auto root = reply->root<wire::Reply>();
@@ -70,8 +72,15 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
     }
     if (used) {
       m->storage = static_cast<uint8_t*>(storage.map);
+      // The worker has its own descriptor; this one is kept for reuse where there is room.
+      if (c.KeepStorageFd(size)) {
+        m->storage_fd = storage.fd;
+      } else {
+        ::close(storage.fd);
+      }
     } else {
       ::munmap(storage.map, storage.capacity);
+      ::close(storage.fd);
       if (declined) ctx->storage_declined = true;  // its devices do not work in place
     }
   }
@@ -155,8 +164,20 @@ void Destroy(_cl_mem* m) {
   for (auto& map : m->maps) {
     if (map.owned) std::free(map.ptr);
   }
-  // The worker's buffer keeps its own mapping until the backend is done with it.
-  if (m->storage != nullptr) ::munmap(m->storage, m->size);
+  // The worker's buffer keeps its own mapping until the backend is done with it. The memory
+  // is kept for the next buffer of its size when no command of the context is in flight (so
+  // none can still write it; the worker releases its buffer before it makes the next one on
+  // the same memory, in stream order); else, or without room, it goes.
+  if (m->storage != nullptr) {
+    Connection* c = m->storage_fd >= 0 ? TryConn() : nullptr;
+    if (c != nullptr) c->DropStorageFd();
+    const bool kept = c != nullptr && ctx->in_flight.load(std::memory_order_acquire) == 0 &&
+                      c->PoolStorage({m->storage_fd, m->storage, m->size, 0});
+    if (!kept) {
+      ::munmap(m->storage, m->size);
+      if (m->storage_fd >= 0) ::close(m->storage_fd);
+    }
+  }
   // The object is gone for the ICD (its handle is rejected from now on): the destructor
   // callbacks run now, the last registered first (OpenCL 1.2 section 5.4.1).
   for (auto it = m->destructors.rbegin(); it != m->destructors.rend(); ++it) {

@@ -70,6 +70,11 @@ struct _cl_context : gmux::icd::ObjectHeader {
   // The worker said this context's devices do not work on host memory in place: its buffers
   // are not offered shared memory again (memory.cc).
   std::atomic<bool> storage_declined{false};
+  // Commands enqueued on this context's queues not known to have completed (the sum of its
+  // queues' enqueued - settled; a queue released before it settled leaves its part here for
+  // good). At 0 no command can touch this context's buffers: a buffer on shared memory
+  // released then may keep its memory for the next one (memory.cc).
+  std::atomic<int64_t> in_flight{0};
   // clSetContextDestructorCallback's callbacks, in registration order (run in reverse when the
   // last reference is released).
   std::vector<std::pair<void(CL_CALLBACK*)(cl_context, void*), void*>> destructors;
@@ -120,6 +125,9 @@ struct _cl_mem : gmux::icd::ObjectHeader {
   // A buffer on shared memory (docs/protocol.md, "Buffers on shared memory"): this process's
   // mapping of the memfd that is the worker's buffer itself (top-level buffers; null otherwise).
   uint8_t* storage = nullptr;
+  // The memfd behind `storage`, kept open while the connection has room for it
+  // (Connection::KeepStorageFd), so that the memory can be reused when the buffer goes.
+  int storage_fd = -1;
   std::mutex mu;  // guards maps and destructors
   std::vector<Mapping> maps;
   // clSetMemObjectDestructorCallback's callbacks, in registration order (run in reverse when

@@ -222,6 +222,21 @@ std::vector<std::pair<uintptr_t, uintptr_t>> StorageMappings() {
   return out;
 }
 
+std::set<uint64_t> StorageFiles() {
+  std::set<uint64_t> out;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:gmux-buffer") == std::string::npos) continue;
+    // range perms offset dev inode path
+    std::string range, perms, offset, dev;
+    uint64_t inode = 0;
+    std::istringstream in(line);
+    in >> range >> perms >> offset >> dev >> inode;
+    out.insert(inode);
+  }
+  return out;
+}
+
 int RunShell(const std::string& cmd, std::string& out) {
   FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
   if (f == nullptr) return -1;

@@ -10,6 +10,7 @@
 #include <CL/cl.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +66,8 @@ bool EnvIs(const char* name, const char* value);
 // The address ranges [from, to) of this process's mappings of buffers on shared memory (memfds
 // named "gmux-buffer": icd/connection.h, CreateStorage).
 std::vector<std::pair<uintptr_t, uintptr_t>> StorageMappings();
+// The memfds (inode numbers) behind those mappings.
+std::set<uint64_t> StorageFiles();
 
 // The platforms compared by every program test.
 inline const char* kGmux = "gmux";

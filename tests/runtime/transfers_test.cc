@@ -225,7 +225,9 @@ TEST(TransfersTest, BuffersOnSharedMemoryKeepQueueOrder) {
   clReleaseProgram(p);
   clReleaseMemObject(mb);
   clReleaseMemObject(ma);
-  EXPECT_EQ(StorageMappings().size(), before);  // the client's mappings go with the buffers
+  // With nothing in flight, the two buffers' memory stays for the next buffers of their size
+  // (ReleasedBufferMemoryIsReusedOnlyWhenNothingCanWriteIt), and nothing more.
+  EXPECT_EQ(StorageMappings().size() - before, expect_storage ? 2u : 0u);
 }
 
 // Buffers on shared memory used from two threads. A non-blocking write another thread is still
@@ -273,6 +275,108 @@ TEST(TransfersTest, BuffersOnSharedMemoryAcrossThreads) {
   EXPECT_EQ(back[0], 0xa3);
   clReleaseEvent(gate);
   ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+}
+
+// A released buffer's shared memory is kept for the next buffer of its size (icd/connection.h,
+// TakeStorage), but only when no command of the context can still write it: a kernel in flight
+// writing a released buffer must not land in the next buffer. Reuse shows as the same number of
+// storage mappings after the next buffer is made; what is kept is bounded (16 buffers, 64 MiB).
+TEST(TransfersTest, ReleasedBufferMemoryIsReusedOnlyWhenNothingCanWriteIt) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const bool storage =
+      !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") && !EnvIs("GMUX_BUFFER_STORAGE", "0");
+  const size_t n = (1u << 20) / 4;
+  cl_int err;
+  std::string log;
+  cl_program p = BuildProgram(d, R"(
+    __kernel void slow_fill(__global uint* b, uint k) {
+      size_t i = get_global_id(0);
+      uint x = (uint)i;
+      for (int j = 0; j < 300; ++j) x = x * 1664525u + 1013904223u;
+      b[i] = x + k;
+    })", &log);
+  ASSERT_NE(p, nullptr) << log;
+  cl_kernel fill = clCreateKernel(p, "slow_fill", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_command_queue other = clCreateCommandQueue(d.context, d.device, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  auto launch = [&](cl_mem m, uint32_t k) {
+    clSetKernelArg(fill, 0, sizeof(cl_mem), &m);
+    clSetKernelArg(fill, 1, sizeof(k), &k);
+    size_t global = n;
+    return clEnqueueNDRangeKernel(d.queue, fill, 1, nullptr, &global, nullptr, 0, nullptr,
+                                  nullptr);
+  };
+  std::vector<uint32_t> got(n);
+
+  // Settled (clFinish) before the release: the next buffer of that size is on the same memory,
+  // and works as a new one.
+  cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(launch(a, 1), CL_SUCCESS);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  const std::set<uint64_t> with_a = StorageFiles();
+  EXPECT_EQ(with_a.size(), storage ? 1u : 0u);
+  clReleaseMemObject(a);
+  cl_mem b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(StorageFiles(), with_a) << "the released buffer's memory was not reused";
+  auto pat = Pattern(n, 9);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, b, CL_TRUE, 0, n * 4, pat.data(), 0, nullptr,
+                                 nullptr), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, b, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_TRUE(got == pat);
+  ASSERT_EQ(launch(b, 2), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, b, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += got[i] != SlowNext(static_cast<uint32_t>(i), 2);
+  EXPECT_EQ(bad, 0u) << "a kernel on the reused memory";
+  clReleaseMemObject(b);
+
+  // Released while a kernel writing it runs (tens of ms): the next buffer of that size is
+  // written through another queue at once and must keep exactly that.
+  cl_mem x = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  const std::set<uint64_t> with_x = StorageFiles();
+  ASSERT_EQ(launch(x, 3), CL_SUCCESS);
+  ASSERT_EQ(clFlush(d.queue), CL_SUCCESS);
+  clReleaseMemObject(x);
+  cl_mem y = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  for (uint64_t file : StorageFiles()) {
+    EXPECT_EQ(with_x.count(file), 0u) << "memory a kernel writes was reused";
+  }
+  EXPECT_EQ(StorageFiles().size(), storage ? 1u : 0u);
+  auto pat2 = Pattern(n, 10);
+  ASSERT_EQ(clEnqueueWriteBuffer(other, y, CL_TRUE, 0, n * 4, pat2.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  ASSERT_EQ(clEnqueueReadBuffer(other, y, CL_TRUE, 0, n * 4, got.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += got[i] != pat2[i];
+  EXPECT_EQ(bad, 0u) << "words of the next buffer changed by the released one's kernel";
+  clReleaseMemObject(y);
+
+  // What is kept is bounded: 40 buffers of 4 MiB released, at most 64 MiB stay mapped.
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  ASSERT_EQ(clFinish(other), CL_SUCCESS);
+  std::vector<cl_mem> many;
+  for (int i = 0; i < 40; ++i) {
+    many.push_back(clCreateBuffer(d.context, CL_MEM_READ_WRITE, 4u << 20, nullptr, &err));
+    ASSERT_EQ(err, CL_SUCCESS);
+  }
+  for (cl_mem m : many) clReleaseMemObject(m);
+  size_t kept = 0;
+  for (const auto& [from, to] : StorageMappings()) kept += to - from;
+  EXPECT_LE(kept, (64u << 20) + (2u << 20));  // and the 1 MiB ones kept before
+  clReleaseCommandQueue(other);
+  clReleaseKernel(fill);
+  clReleaseProgram(p);
 }
 
 // Writes through shared memory hold their buffer until the worker answered; a client that
