@@ -163,7 +163,19 @@ uint64_t Enqueuer::BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size
 }
 
 void Enqueuer::MakeEvent() {
-  if (event_out_ != nullptr) *event_out_ = NewEvent(q_->context, q_, type_, id_);
+  if (event_out_ != nullptr) {
+    *event_out_ = NewEvent(q_->context, q_, type_, id_);
+    (*event_out_)->number = number_;
+  }
+}
+
+cl_int Enqueuer::WaitCompleted(uint64_t seq) {
+  const cl_int e = c_->Wait(seq);
+  if (e == CL_SUCCESS && number_ != 0 &&
+      (q_->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) == 0) {
+    Settle(q_, number_);
+  }
+  return e;
 }
 
 void Settle(cl_command_queue q, uint64_t upto) {

@@ -234,6 +234,9 @@ class Enqueuer {
   cl_int PostReleasing(ShmBuffer held);
   // A plain read of `size` bytes into dst, through shared memory when that pays.
   uint64_t BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking);
+  // Waits for the reply to `seq`, sent by Begin for a command answered once it completed (a
+  // read): on an in-order queue, every command before it has completed too (Settle).
+  cl_int WaitCompleted(uint64_t seq);
 
  private:
   void MakeEvent();

@@ -187,4 +187,7 @@ struct _cl_event : gmux::icd::ObjectHeader {
   cl_context context = nullptr;
   cl_command_queue queue = nullptr;  // null for user events
   cl_command_type type = 0;
+  // Its command's place in its queue's count of enqueued commands (0: none): once the event is
+  // known complete on an in-order queue, so are the commands before it (Settle).
+  uint64_t number = 0;
 };

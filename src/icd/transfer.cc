@@ -94,7 +94,7 @@ bool TryRemote(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_
   }
   const uint64_t seq = enq.Begin(nullptr, 0, blocking);
   if (!blocking) return true;  // a read: CL_SUCCESS
-  *result = c->Wait(seq);
+  *result = write ? c->Wait(seq) : enq.WaitCompleted(seq);
   if (*result == CL_SUCCESS || !CopyInstead(*c, *result, ptr, size)) return true;
   DropEvent(event);
   return false;
@@ -181,7 +181,7 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
   r.setOffset(offset);
   r.setSize(size);
   uint64_t seq = enq.BeginRead(r, ptr, size, blocking);
-  return blocking ? enq.conn().Wait(seq) : CL_SUCCESS;
+  return blocking ? enq.WaitCompleted(seq) : CL_SUCCESS;
 }
 
 cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
