@@ -129,7 +129,7 @@ Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_
 }
 
 cl_int Enqueuer::Post() {
-  cl_int e = c_->Post(b_, {&q_->enqueued, &number_, &q_->context->in_flight});
+  cl_int e = c_->Post(b_, Order());
   if (e == CL_SUCCESS) MakeEvent();
   return e;
 }
@@ -137,8 +137,7 @@ cl_int Enqueuer::Post() {
 uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, bool keep_shm) {
   std::function<void(cl_int)> none;
   if (!blocking) none = [](cl_int) {};
-  uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm, keep_shm, {},
-                           {&q_->enqueued, &number_, &q_->context->in_flight});
+  uint64_t seq = c_->Begin(b_, dst, size, std::move(none), shm, keep_shm, {}, Order());
   MakeEvent();
   return seq;
 }
@@ -146,7 +145,7 @@ uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, b
 cl_int Enqueuer::PostReleasing(ShmBuffer held) {
   if (!held.valid()) return Post();
   // Nobody waits for the reply.
-  c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, {&q_->enqueued, &number_, &q_->context->in_flight});
+  c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, Order());
   MakeEvent();
   return CL_SUCCESS;
 }

@@ -240,6 +240,8 @@ class Enqueuer {
 
  private:
   void MakeEvent();
+  // Where this command is counted as it enters the stream: its queue and its context.
+  StreamOrder Order() { return {&q_->enqueued, &number_, &q_->context->in_flight}; }
   cl_command_queue q_;
   cl_event* event_out_;
   cl_command_type type_;
