@@ -6,8 +6,8 @@
 // soon). The C library's memcpy chooses its own way by thresholds meant for a bare machine: on
 // a 2-core VM with a 32 MiB L3 it reports a 320 MiB shared cache and copies 256 MiB with a loop
 // whose speed depends on the two addresses' offsets within a page (18-24 ms), where this one
-// takes 14.5-15.7 ms for any offsets (docs/performance.md, "Large copies"). Below the size,
-// memcpy: the copy's data stays in the cache for whoever reads it next.
+// takes 14.5-15.7 ms for any offsets (docs/performance.md, "Large copies and reused buffers").
+// Below the size, memcpy: the copy's data stays in the cache for whoever reads it next.
 #pragma once
 
 #include <cstddef>
