@@ -170,10 +170,7 @@ void Enqueuer::MakeEvent() {
 
 cl_int Enqueuer::WaitCompleted(uint64_t seq) {
   const cl_int e = c_->Wait(seq);
-  if (e == CL_SUCCESS && number_ != 0 &&
-      (q_->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) == 0) {
-    Settle(q_, number_);
-  }
+  if (e == CL_SUCCESS) SettleUpTo(q_, number_);
   return e;
 }
 
@@ -186,6 +183,11 @@ void Settle(cl_command_queue q, uint64_t upto) {
       return;
     }
   }
+}
+
+void SettleUpTo(cl_command_queue q, uint64_t number) {
+  if (q == nullptr || number == 0) return;
+  if ((q->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) == 0) Settle(q, number);
 }
 
 uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,

@@ -255,6 +255,9 @@ class Enqueuer {
 
 // The first `upto` commands enqueued on `q` are known to have completed.
 void Settle(cl_command_queue q, uint64_t upto);
+// Command `number` of `q` (Enqueuer::number; 0: none) is known to have completed: on an
+// in-order queue, so is every command before it.
+void SettleUpTo(cl_command_queue q, uint64_t number);
 // Whether every command enqueued on `q` is known to have completed.
 inline bool Settled(cl_command_queue q) {
   return q->settled.load(std::memory_order_acquire) == q->enqueued.load(std::memory_order_acquire);

@@ -35,13 +35,8 @@ cl_int CL_API_CALL WaitForEvents(cl_uint n, const cl_event* events) {
     l.set(i, events[i]->id);
   }
   const cl_int e = Conn().Call(b);
-  // Complete: on an in-order queue, so is every command enqueued before each of them.
   for (cl_uint i = 0; e == CL_SUCCESS && i < n; ++i) {
-    cl_command_queue q = events[i]->queue;
-    if (q != nullptr && events[i]->number != 0 &&
-        (q->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) == 0) {
-      Settle(q, events[i]->number);
-    }
+    SettleUpTo(events[i]->queue, events[i]->number);
   }
   return e;
 }
