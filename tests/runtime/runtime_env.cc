@@ -208,32 +208,40 @@ bool EnvIs(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
-std::vector<std::pair<uintptr_t, uintptr_t>> StorageMappings() {
-  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+namespace {
+
+// Each mapping of a buffer on shared memory in /proc/self/maps: its range and its inode.
+struct StorageMapping {
+  uintptr_t from = 0, to = 0;
+  uint64_t inode = 0;
+};
+std::vector<StorageMapping> ReadStorageMappings() {
+  std::vector<StorageMapping> out;
   std::ifstream maps("/proc/self/maps");
   for (std::string line; std::getline(maps, line);) {
     if (line.find("memfd:gmux-buffer") == std::string::npos) continue;
-    uintptr_t from = 0, to = 0;
+    // from-to perms offset dev inode path
+    StorageMapping m;
     char dash = 0;
+    std::string perms, offset, dev;
     std::istringstream in(line);
-    in >> std::hex >> from >> dash >> to;
-    out.emplace_back(from, to);
+    in >> std::hex >> m.from >> dash >> m.to >> perms >> offset >> dev >> std::dec >> m.inode;
+    out.push_back(m);
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<uintptr_t, uintptr_t>> StorageMappings() {
+  std::vector<std::pair<uintptr_t, uintptr_t>> out;
+  for (const StorageMapping& m : ReadStorageMappings()) out.emplace_back(m.from, m.to);
   return out;
 }
 
 std::set<uint64_t> StorageFiles() {
   std::set<uint64_t> out;
-  std::ifstream maps("/proc/self/maps");
-  for (std::string line; std::getline(maps, line);) {
-    if (line.find("memfd:gmux-buffer") == std::string::npos) continue;
-    // range perms offset dev inode path
-    std::string range, perms, offset, dev;
-    uint64_t inode = 0;
-    std::istringstream in(line);
-    in >> range >> perms >> offset >> dev >> inode;
-    out.insert(inode);
-  }
+  for (const StorageMapping& m : ReadStorageMappings()) out.insert(m.inode);
   return out;
 }
 
