@@ -805,7 +805,9 @@ void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
       reading_ = true;
       reader_is_waiter_ = true;
       lock.unlock();
+      spin_.Wait(fd_);  // a reply due soon is taken without sleeping (reply_spin.h)
       ReadOne();
+      spin_.Arrived();
       lock.lock();
       reading_ = false;
       reader_is_waiter_ = false;

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "icd/reply_spin.h"
 #include "proto/frame.h"
 
 namespace gmux::icd {
@@ -253,6 +254,7 @@ class Connection {
   // receiver thread while requests with callbacks are outstanding and no caller waits.
   bool reading_ = false;
   bool reader_is_waiter_ = false;
+  ReplySpin spin_ = ReplySpin::FromEnvironment();  // used by the waiter that reads
   int waiters_ = 0;               // callers in AwaitReply
   size_t async_pending_ = 0;      // pending requests with an on_reply callback
   std::condition_variable reader_cv_;  // wakes the receiver thread

@@ -1,0 +1,64 @@
+// How an application thread waits for the daemon's reply to a blocking call: polling the socket
+// for a short while, yielding the CPU between polls, before sleeping in the kernel.
+//
+// A blocking call's reply often comes within tens of microseconds (a small launch and
+// `clFinish`). Sleeping for it costs the waking side a cross-CPU wake-up and the sleeper a
+// trip through the scheduler, which on a virtual machine take longer than the work itself:
+// a tiny launch + `clFinish` through gmux took 60-80 us with the sleep and 35-45 us with a
+// 100 us spin on a 2-core VM, native PoCL 26-40 us (docs/performance.md, "Waiting for a
+// reply"). The spin yields between polls (sched_yield), so a thread that another thread of the
+// host needs the CPU for (the worker's own, on a host with more runnable threads than CPUs)
+// gets it at once: eight clients on two cores were no slower with it than without, while a
+// spin that did not yield doubled their latency. It is the choice CUDA's default
+// (cudaDeviceScheduleAuto) makes: spin while the host has room, yield when it does not.
+//
+// It spins only while replies come within the budget: every reply's wait is timed, spun or not,
+// and after two in a row that took longer (long kernels, large transfers) the waits sleep at once
+// until a reply comes within the budget again. So a program waiting milliseconds per call spins
+// twice, not on every call; one that alternates quick calls and slower ones spends at most the
+// budget per slower call. A process allowed one CPU never spins (its spinning would only delay
+// the reply). GMUX_SPIN_US sets the budget (0: never spin; default 100, at most 10000).
+// Thread-compatible: one thread waits at a time (the connection's reader).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace gmux::icd {
+
+class ReplySpin {
+ public:
+  static constexpr std::chrono::microseconds kDefaultBudget{100};
+  static constexpr std::chrono::microseconds kMaxBudget{10000};
+  // Replies in a row slower than the budget after which waits no longer spin.
+  static constexpr uint32_t kSlowToStop = 2;
+
+  // `budget` 0: never spins. `cpus`: the CPUs this process may run on.
+  ReplySpin(std::chrono::microseconds budget, int cpus);
+  // From GMUX_SPIN_US (a malformed value: the default) and the process's CPU affinity.
+  static ReplySpin FromEnvironment();
+
+  // Before sleeping for a reply on `fd`: spins (poll, sched_yield) until `fd` is readable or
+  // the budget is spent, if the policy says it is worth it. True when `fd` became readable.
+  bool Wait(int fd);
+  // After the reply that Wait() preceded arrived: its time since Wait() began decides whether
+  // the next waits spin.
+  void Arrived();
+
+  // For tests and docs: the budget, whether the next Wait() spins, and the spins so far.
+  std::chrono::microseconds budget() const { return budget_; }
+  bool WillSpin() const { return budget_.count() > 0 && slow_ < kSlowToStop; }
+  uint64_t spins() const { return spins_; }
+
+  // The decision without the clock (tests): a reply took `waited`.
+  void Record(std::chrono::nanoseconds waited);
+
+ private:
+  std::chrono::microseconds budget_;
+  uint32_t slow_ = 0;  // replies in a row slower than the budget
+  uint64_t spins_ = 0;
+  std::chrono::steady_clock::time_point began_{};
+  bool waiting_ = false;
+};
+
+}  // namespace gmux::icd

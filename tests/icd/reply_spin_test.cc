@@ -1,0 +1,123 @@
+// How a waiting application thread spins for a reply (src/icd/reply_spin.h): on a real socket
+// pair, and the back-off decisions without a clock. No timing thresholds: what is checked is
+// whether a wait spun and whether it saw the reply, never how long it took.
+#include "icd/reply_spin.h"
+
+#include <gtest/gtest.h>
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+namespace gmux::icd {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+struct SocketPair {
+  SocketPair() { EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0); }
+  ~SocketPair() {
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+  int fds[2] = {-1, -1};
+};
+
+TEST(ReplySpinTest, SeesAReplyThatIsAlreadyThereOrComesDuringTheSpin) {
+  SocketPair s;
+  ReplySpin spin(milliseconds(10), 2);
+  ASSERT_EQ(::write(s.fds[1], "x", 1), 1);
+  EXPECT_TRUE(spin.Wait(s.fds[0]));
+  spin.Arrived();
+  char c;
+  ASSERT_EQ(::read(s.fds[0], &c, 1), 1);
+
+  // A reply another thread sends while this one may be spinning: whether it comes within the
+  // budget is up to the machine, but Wait() never claims a reply the socket does not have.
+  std::thread writer([&] { ASSERT_EQ(::write(s.fds[1], "y", 1), 1); });
+  bool seen = spin.Wait(s.fds[0]);
+  writer.join();
+  spin.Arrived();
+  pollfd p{s.fds[0], POLLIN, 0};
+  if (seen) {
+    EXPECT_EQ(::poll(&p, 1, 0), 1);
+  }
+  EXPECT_EQ(spin.spins(), 2u);
+}
+
+TEST(ReplySpinTest, ReturnsWithoutAReplyOnceTheBudgetIsSpent) {
+  SocketPair s;
+  ReplySpin spin(microseconds(200), 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(spin.Wait(s.fds[0]));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, microseconds(200));
+  EXPECT_EQ(spin.spins(), 1u);
+}
+
+TEST(ReplySpinTest, ASocketClosedByThePeerEndsTheSpin) {
+  SocketPair s;
+  ReplySpin spin(ReplySpin::kMaxBudget, 2);
+  ::shutdown(s.fds[1], SHUT_WR);
+  EXPECT_TRUE(spin.Wait(s.fds[0]));  // the read then reports the end of the stream
+}
+
+TEST(ReplySpinTest, NeverSpinsWithOneCpuOrANullBudget) {
+  SocketPair s;
+  ReplySpin one_cpu(milliseconds(1), 1);
+  EXPECT_EQ(one_cpu.budget(), microseconds(0));
+  EXPECT_FALSE(one_cpu.WillSpin());
+  EXPECT_FALSE(one_cpu.Wait(s.fds[0]));
+  EXPECT_EQ(one_cpu.spins(), 0u);
+  ReplySpin off(microseconds(0), 8);
+  EXPECT_FALSE(off.Wait(s.fds[0]));
+  EXPECT_EQ(off.spins(), 0u);
+  EXPECT_EQ(ReplySpin(std::chrono::seconds(5), 2).budget(), ReplySpin::kMaxBudget);
+}
+
+TEST(ReplySpinTest, SlowRepliesStopTheSpinAndAQuickOneBringsItBack) {
+  ReplySpin spin(microseconds(100), 2);
+  const microseconds fast(40), slow(5000);
+  spin.Record(fast);
+  EXPECT_TRUE(spin.WillSpin());
+  spin.Record(slow);  // one slow reply among fast ones changes nothing
+  EXPECT_TRUE(spin.WillSpin());
+  spin.Record(fast);
+  spin.Record(slow);
+  EXPECT_TRUE(spin.WillSpin());
+  spin.Record(slow);  // two in a row: waits sleep at once
+  EXPECT_FALSE(spin.WillSpin());
+
+  SocketPair s;
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_FALSE(spin.Wait(s.fds[0]));
+    spin.Record(slow);
+  }
+  EXPECT_EQ(spin.spins(), 0u);
+
+  // Every wait is timed, spun or not: the first quick reply brings the spin back.
+  spin.Record(fast);
+  EXPECT_TRUE(spin.WillSpin());
+  ASSERT_EQ(::write(s.fds[1], "x", 1), 1);
+  EXPECT_TRUE(spin.Wait(s.fds[0]));
+  EXPECT_EQ(spin.spins(), 1u);
+}
+
+TEST(ReplySpinTest, BudgetFromTheEnvironment) {
+  ::setenv("GMUX_SPIN_US", "0", 1);
+  EXPECT_EQ(ReplySpin::FromEnvironment().budget(), microseconds(0));
+  ::setenv("GMUX_SPIN_US", "250", 1);
+  const auto b = ReplySpin::FromEnvironment().budget();
+  EXPECT_TRUE(b == microseconds(250) || b == microseconds(0));  // 0 on a one-CPU machine
+  ::setenv("GMUX_SPIN_US", "lots", 1);
+  const auto d = ReplySpin::FromEnvironment().budget();
+  EXPECT_TRUE(d == ReplySpin::kDefaultBudget || d == microseconds(0));
+  ::unsetenv("GMUX_SPIN_US");
+}
+
+}  // namespace
+}  // namespace gmux::icd
