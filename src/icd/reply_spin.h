@@ -4,9 +4,9 @@
 // A blocking call's reply often comes within tens of microseconds (a small launch and
 // `clFinish`). Sleeping for it costs the waking side a cross-CPU wake-up and the sleeper a
 // trip through the scheduler, which on a virtual machine take longer than the work itself:
-// a tiny launch + `clFinish` through gmux took 60-80 us with the sleep and 35-45 us with a
-// 100 us spin on a 2-core VM, native PoCL 26-40 us (docs/performance.md, "Waiting for a
-// reply"). The spin yields between polls (sched_yield), so a thread that another thread of the
+// a tiny launch + `clFinish` through gmux took 63-88 us with the sleep and 33-44 us with a
+// 100 us spin on a 2-core VM, native PoCL (which sleeps) 26-57 us (docs/performance.md,
+// "Waiting for a reply: a short spin before sleeping"). The spin yields between polls (sched_yield), so a thread that another thread of the
 // host needs the CPU for (the worker's own, on a host with more runnable threads than CPUs)
 // gets it at once: eight clients on two cores were no slower with it than without, while a
 // spin that did not yield doubled their latency. It is the choice CUDA's default
