@@ -227,17 +227,35 @@ Status Server::Start() {
   }
   ::close(fd);
   fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ::unlink(socket_path_.c_str());
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  // The socket appears at its path only once it listens: bind() creates the file, and a client
+  // that saw it (a script or test waiting for the file, a burst of tenants started right after
+  // gmuxd) and connected before listen() was refused, and found no devices. So it is bound and
+  // listening under a name of its own first, then renamed into place (which also replaces a
+  // stale file atomically). A path too long for the extra suffix is bound in place.
+  const std::string staged = socket_path_ + ".new." + std::to_string(::getpid());
+  const bool staging = staged.size() < sizeof(addr.sun_path);
+  sockaddr_un bound = addr;
+  if (staging) std::strncpy(bound.sun_path, staged.c_str(), sizeof(bound.sun_path) - 1);
+  const std::string& bound_path = staging ? staged : socket_path_;
+  ::unlink(bound_path.c_str());
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&bound), sizeof(bound)) != 0) {
     int e = errno;
     ::close(fd);
-    return Unavailable("bind " + socket_path_ + ": " + std::strerror(e));
+    return Unavailable("bind " + bound_path + ": " + std::strerror(e));
   }
-  ::chmod(socket_path_.c_str(), options_.socket_mode);
-  if (::listen(fd, 64) != 0) {
+  ::chmod(bound_path.c_str(), options_.socket_mode);
+  // The kernel's maximum backlog: dozens of tenants starting at once must queue, not be refused.
+  if (::listen(fd, SOMAXCONN) != 0) {
     int e = errno;
     ::close(fd);
+    ::unlink(bound_path.c_str());
     return Unavailable(std::string("listen: ") + std::strerror(e));
+  }
+  if (staging && ::rename(staged.c_str(), socket_path_.c_str()) != 0) {
+    int e = errno;
+    ::close(fd);
+    ::unlink(staged.c_str());
+    return Unavailable("rename " + staged + " to " + socket_path_ + ": " + std::strerror(e));
   }
   listen_fd_ = fd;
   if (!options_.listen.empty()) {

@@ -56,30 +56,36 @@ int HandshakeTimeoutS() {
 }
 constexpr const char* kDefaultSocket = "/run/gmux/gmuxd.sock";
 
-// Waits for a non-blocking connect to finish; true when it succeeded.
-bool FinishConnect(int fd, int r) {
-  if (r == 0) return true;
-  if (errno != EAGAIN && errno != EINPROGRESS) return false;
-  pollfd p{fd, POLLOUT, 0};
-  int err = 0;
-  socklen_t len = sizeof(err);
-  return ::poll(&p, 1, kConnectTimeoutMs) == 1 &&
-         ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
-}
-
+// A blocking connect bounded by kConnectTimeoutMs: a Unix socket's connect never stays in
+// progress, it waits (up to SO_SNDTIMEO) while the daemon's backlog is full, as under a burst of
+// new clients; a non-blocking one would fail at once with EAGAIN and the application would see
+// no devices.
 int ConnectUnix(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return -1;
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
+  timeval tv{kConnectTimeoutMs / 1000, (kConnectTimeoutMs % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (!FinishConnect(fd, ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)))) {
+  int r;
+  do {
+    r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } while (r != 0 && errno == EINTR);
+  if (r != 0) {
     ::close(fd);
     return -1;
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
+}
+
+// Says on stderr, once per process, why the gmux platform has no devices although gmuxd was
+// reached (an application sees only an empty platform).
+void SayOnce(const std::string& why) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr, "gmux: %s\n", why.c_str());
 }
 
 // A failed handshake other than a timeout (an untrusted certificate, a missing client
@@ -214,14 +220,27 @@ Connection* Connection::Connect() {
   auto msg = proto::ReadFrame(fd, proto::FrameKind::kReply, ReplyLimits());
   if (!msg.ok()) {
     ::close(fd);
-    if (tcp) ReportTlsRefusal();
+    if (tcp) {
+      ReportTlsRefusal();
+    } else {
+      // gmuxd took the connection and ended it (or timed out) without an answer: its log says
+      // why. The application only sees a platform without devices.
+      SayOnce("gmuxd gave no answer to this process's hello (" + msg.status().message() +
+              "); the daemon's log says why");
+    }
     return nullptr;
   }
   auto conn = new Connection();
   bool ok = false;
+  std::string refused;
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto rep = msg->root<wire::Reply>();
-    if (rep.getStatus() != CL_SUCCESS || !rep.isHello()) return;
+    if (rep.getStatus() != CL_SUCCESS || !rep.isHello()) {
+      refused = rep.getMessage().size() != 0 ? std::string(rep.getMessage().cStr())
+                                             : "the hello was refused (status " +
+                                                   std::to_string(rep.getStatus()) + ")";
+      return;
+    }
     conn->tenant_ = rep.getHello().getTenant();
     conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
     conn->storage_enabled_ = !tcp && rep.getHello().getBufferStorage();
@@ -234,6 +253,9 @@ Connection* Connection::Connect() {
     ok = false;
   }
   if (!ok) {
+    // The daemon's reason (too many sessions, an unknown user or token, ...), where the user of
+    // an application that finds no devices will look.
+    if (!refused.empty()) SayOnce(refused);
     delete conn;
     ::close(fd);
     return nullptr;

@@ -2,8 +2,13 @@
 // (including gmuxd killed with SIGKILL under load), and tenants changed at run time with
 // `gmux tenant` and SIGHUP while their sessions run. Tenants are forked processes under uids of
 // their own (as root), through the gmux ICD; `gmux usage` and `gmux tenant` are the real CLI.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -13,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -470,6 +476,82 @@ TEST_F(OpsTest, HashedTokensAndFailedAuthenticationsAreRateLimited) {
   EXPECT_FALSE(StatusJson(daemon, -1).empty());
   EXPECT_TRUE(daemon.Alive());
   daemon.Stop();
+}
+
+
+// A client that connects the moment gmuxd's socket file appears is served: the file appears only
+// once the socket listens (bound under a name of its own, then renamed into place), where a
+// connect between bind() and listen() used to be refused and the tenant found no devices. No
+// staging name is left behind.
+TEST_F(OpsTest, TheSocketFileAppearsOnlyOnceItListens) {
+  for (int round = 0; round < 5; ++round) {
+    const std::string socket = books_ + "/g" + std::to_string(round) + ".sock";
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      int null = ::open("/dev/null", O_WRONLY);
+      if (null >= 0) ::dup2(null, 2);
+      ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", socket.c_str(), "--exit-after", "60",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    struct stat st {};
+    while (::stat(socket.c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline) {
+      // As tight as a watching script can be: no sleep.
+    }
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    const int r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    const int e = errno;
+    ::close(fd);
+    EXPECT_EQ(r, 0) << "round " << round << ": connect right after the file appeared: "
+                    << std::strerror(e);
+    for (const auto& entry : std::filesystem::directory_iterator(books_)) {
+      EXPECT_EQ(entry.path().filename().string().find(".new."), std::string::npos)
+          << entry.path();
+    }
+    ::kill(pid, SIGTERM);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+  }
+}
+
+// A tenant gmuxd refuses hears why on its stderr (once), not only an empty platform.
+TEST_F(OpsTest, ARefusedTenantIsToldWhy) {
+  PrivateDaemon daemon;
+  daemon.Start("[tenants]\nunknown_peers = \"reject\"\n");
+  ASSERT_TRUE(daemon.started()) << daemon.Log();
+  ASSERT_EQ(::chmod(books_.c_str(), 0755), 0);
+  const std::string err = books_ + "/tenant.err";
+  std::ofstream(err).close();
+  ASSERT_EQ(::chmod(err.c_str(), 0666), 0);
+  ChildOptions o;
+  o.tenant = 5;
+  Child c = Child::Spawn(daemon, o, [err](Channel&) {
+    int fd = ::open(err.c_str(), O_WRONLY | O_APPEND);
+    if (fd < 0) return 60;
+    ::dup2(fd, 2);
+    GmuxDevice d;
+    const bool opened = OpenGmux(d);
+    GmuxDevice again;  // the ICD tries again on the next call; said once all the same
+    const bool reopened = OpenGmux(again);
+    return opened || reopened ? 61 : 0;
+  });
+  Outcome out = c.Wait(60s);
+  EXPECT_TRUE(out.ok()) << out.Describe();
+  std::ifstream in(err);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string said = text.str();
+  const std::string why = "uid " + std::to_string(TenantUid(5)) + " is not a configured tenant";
+  EXPECT_NE(said.find("gmux: gmuxd: " + why), std::string::npos) << said;
+  EXPECT_EQ(said.find("gmux:"), said.rfind("gmux:")) << "said more than once:\n" << said;
+  EXPECT_TRUE(daemon.Alive());
 }
 
 }  // namespace
