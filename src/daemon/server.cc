@@ -25,6 +25,7 @@
 #include <limits>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -251,11 +252,40 @@ Status Server::Start() {
     ::unlink(bound_path.c_str());
     return Unavailable(std::string("listen: ") + std::strerror(e));
   }
-  if (staging && ::rename(staged.c_str(), socket_path_.c_str()) != 0) {
-    int e = errno;
-    ::close(fd);
-    ::unlink(staged.c_str());
-    return Unavailable("rename " + staged + " to " + socket_path_ + ": " + std::strerror(e));
+  if (staging) {
+    // Never over another daemon's socket (two gmuxd started at once both passed the check
+    // above): the file is replaced only while it is stale, and a live one ends this start.
+    Status placed = Status::Ok();
+    for (int attempt = 0;; ++attempt) {
+      if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, socket_path_.c_str(),
+                      RENAME_NOREPLACE) == 0) {
+        break;
+      }
+      int e = errno;
+      if (e == EINVAL || e == ENOSYS) {
+        // A file system without RENAME_NOREPLACE: the plain rename (the check above stands).
+        if (::rename(staged.c_str(), socket_path_.c_str()) == 0) break;
+        e = errno;
+      } else if (e == EEXIST && attempt == 0) {
+        int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        const bool live =
+            probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+        if (probe >= 0) ::close(probe);
+        if (live) {
+          placed = FailedPrecondition("another gmuxd is serving " + socket_path_);
+          break;
+        }
+        ::unlink(socket_path_.c_str());  // stale: a daemon that did not clean up
+        continue;
+      }
+      placed = Unavailable("rename " + staged + " to " + socket_path_ + ": " + std::strerror(e));
+      break;
+    }
+    if (!placed.ok()) {
+      ::close(fd);
+      ::unlink(staged.c_str());
+      return placed;
+    }
   }
   listen_fd_ = fd;
   if (!options_.listen.empty()) {

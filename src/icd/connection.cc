@@ -65,14 +65,23 @@ int ConnectUnix(const std::string& path) {
   if (path.size() >= sizeof(addr.sun_path)) return -1;
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  timeval tv{kConnectTimeoutMs / 1000, (kConnectTimeoutMs % 1000) * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  int r;
-  do {
+  // A signal interrupts the wait (EINTR, even with SA_RESTART): tried again for what is left of
+  // the timeout, so an application with a periodic timer still gives up after 2 s.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kConnectTimeoutMs);
+  int r = -1;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    timeval tv{static_cast<time_t>(left.count() / 1000000),
+               static_cast<suseconds_t>(left.count() % 1000000)};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  } while (r != 0 && errno == EINTR);
+    if (r == 0 || errno != EINTR) break;
+  }
   if (r != 0) {
     ::close(fd);
     return -1;
@@ -85,7 +94,12 @@ int ConnectUnix(const std::string& path) {
 void SayOnce(const std::string& why) {
   static std::atomic<bool> said{false};
   if (said.exchange(true)) return;
-  std::fprintf(stderr, "gmux: %s\n", why.c_str());
+  // The daemon's words, possibly a remote one's: one printable line of bounded length.
+  std::string line = why.substr(0, 400);
+  for (char& c : line) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  std::fprintf(stderr, "gmux: %s\n", line.c_str());
 }
 
 // A failed handshake other than a timeout (an untrusted certificate, a missing client
@@ -236,9 +250,13 @@ Connection* Connection::Connect() {
   KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
     auto rep = msg->root<wire::Reply>();
     if (rep.getStatus() != CL_SUCCESS || !rep.isHello()) {
-      refused = rep.getMessage().size() != 0 ? std::string(rep.getMessage().cStr())
-                                             : "the hello was refused (status " +
-                                                   std::to_string(rep.getStatus()) + ")";
+      if (rep.getMessage().size() != 0) {
+        refused = rep.getMessage().cStr();
+      } else if (rep.getStatus() != CL_SUCCESS) {
+        refused = "gmuxd refused the session (status " + std::to_string(rep.getStatus()) + ")";
+      } else {
+        refused = "gmuxd's answer to the hello was not a hello";
+      }
       return;
     }
     conn->tenant_ = rep.getHello().getTenant();

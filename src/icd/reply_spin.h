@@ -6,18 +6,19 @@
 // trip through the scheduler, which on a virtual machine take longer than the work itself:
 // a tiny launch + `clFinish` through gmux took 63-88 us with the sleep and 33-44 us with a
 // 100 us spin on a 2-core VM, native PoCL (which sleeps) 26-57 us (docs/performance.md,
-// "Waiting for a reply: a short spin before sleeping"). The spin yields between polls (sched_yield), so a thread that another thread of the
-// host needs the CPU for (the worker's own, on a host with more runnable threads than CPUs)
-// gets it at once: eight clients on two cores were no slower with it than without, while a
-// spin that did not yield doubled their latency. It is the choice CUDA's default
-// (cudaDeviceScheduleAuto) makes: spin while the host has room, yield when it does not.
+// "Waiting for a reply: a short spin before sleeping"). The spin yields between polls
+// (sched_yield), so a thread the host needs the CPU for (the worker's own, on a host with more
+// runnable threads than CPUs) gets it at once: eight clients on two cores were no slower with it
+// than without, while a spin that did not yield doubled their latency. It is the choice CUDA's
+// default (cudaDeviceScheduleAuto) makes: spin while the host has room, yield when it does not.
 //
 // It spins only while replies come within the budget: every reply's wait is timed, spun or not,
 // and after two in a row that took longer (long kernels, large transfers) the waits sleep at once
 // until a reply comes within the budget again. So a program waiting milliseconds per call spins
 // twice, not on every call; one that alternates quick calls and slower ones spends at most the
 // budget per slower call. A process allowed one CPU never spins (its spinning would only delay
-// the reply). GMUX_SPIN_US sets the budget (0: never spin; default 100, at most 10000).
+// the reply; counted are the CPUs of the thread that connects, when it connects). GMUX_SPIN_US
+// sets the budget (0: never spin; default 100, at most 10000).
 // Thread-compatible: one thread waits at a time (the connection's reader).
 #pragma once
 

@@ -4,6 +4,7 @@
 // their own (as root), through the gmux ICD; `gmux usage` and `gmux tenant` are the real CLI.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -482,38 +483,74 @@ TEST_F(OpsTest, HashedTokensAndFailedAuthenticationsAreRateLimited) {
 // A client that connects the moment gmuxd's socket file appears is served: the file appears only
 // once the socket listens (bound under a name of its own, then renamed into place), where a
 // connect between bind() and listen() used to be refused and the tenant found no devices. No
-// staging name is left behind.
+// staging name is left behind, and a second gmuxd on the same path refuses to start without
+// taking the path from the first.
 TEST_F(OpsTest, TheSocketFileAppearsOnlyOnceItListens) {
-  for (int round = 0; round < 5; ++round) {
-    const std::string socket = books_ + "/g" + std::to_string(round) + ".sock";
+  auto start = [&](const std::string& socket, const std::string& log) {
     pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      int null = ::open("/dev/null", O_WRONLY);
-      if (null >= 0) ::dup2(null, 2);
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) ::dup2(fd, 2);
       ::execl(GMUXD_PATH, GMUXD_PATH, "--socket", socket.c_str(), "--exit-after", "60",
               static_cast<char*>(nullptr));
       ::_exit(127);
     }
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    struct stat st {};
-    while (::stat(socket.c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline) {
-      // As tight as a watching script can be: no sleep.
-    }
+    return pid;
+  };
+  auto read_log = [](const std::string& log) {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  auto connects = [](const std::string& socket, int* err) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
     const int r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    const int e = errno;
+    *err = errno;
     ::close(fd);
-    EXPECT_EQ(r, 0) << "round " << round << ": connect right after the file appeared: "
-                    << std::strerror(e);
+    return r == 0;
+  };
+  for (int round = 0; round < 5; ++round) {
+    const std::string socket = books_ + "/g" + std::to_string(round) + ".sock";
+    const std::string log = books_ + "/g" + std::to_string(round) + ".log";
+    pid_t pid = start(socket, log);
+    ASSERT_GT(pid, 0);
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    struct stat st {};
+    bool exited = false;
+    // As tight as a watching script can be (a yield, no sleep), until gmuxd is up or gone.
+    while (::stat(socket.c_str(), &st) != 0 && std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        exited = true;
+        break;
+      }
+      ::sched_yield();
+    }
+    ASSERT_FALSE(exited) << "gmuxd exited during start-up:\n" << read_log(log);
+    int err = 0;
+    EXPECT_TRUE(connects(socket, &err))
+        << "round " << round << ": connect right after the file appeared: " << std::strerror(err)
+        << "\n" << read_log(log);
     for (const auto& entry : std::filesystem::directory_iterator(books_)) {
       EXPECT_EQ(entry.path().filename().string().find(".new."), std::string::npos)
           << entry.path();
+    }
+    if (round == 0) {
+      // A second daemon on the same path: refused, and the first keeps its socket.
+      const std::string log2 = books_ + "/second.log";
+      pid_t second = start(socket, log2);
+      ASSERT_GT(second, 0);
+      int status = 0;
+      ASSERT_EQ(::waitpid(second, &status, 0), second);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << read_log(log2);
+      EXPECT_NE(read_log(log2).find("another gmuxd is serving"), std::string::npos)
+          << read_log(log2);
+      EXPECT_TRUE(connects(socket, &err)) << std::strerror(err);
     }
     ::kill(pid, SIGTERM);
     int status = 0;
