@@ -231,8 +231,8 @@ Status Server::Start() {
   // The socket appears at its path only once it listens: bind() creates the file, and a client
   // that saw it (a script or test waiting for the file, a burst of tenants started right after
   // gmuxd) and connected before listen() was refused, and found no devices. So it is bound and
-  // listening under a name of its own first, then renamed into place (which also replaces a
-  // stale file atomically). A path too long for the extra suffix is bound in place.
+  // listening under a name of its own first, then renamed into place (below: never over a
+  // live daemon's socket). A path too long for the extra suffix is bound in place.
   const std::string staged = socket_path_ + ".new." + std::to_string(::getpid());
   const bool staging = staged.size() < sizeof(addr.sun_path);
   sockaddr_un bound = addr;
