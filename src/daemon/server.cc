@@ -95,6 +95,15 @@ constexpr std::chrono::seconds kSpareLinger{3};
 
 extern "C" char** environ;
 
+// Whether a daemon answers on the Unix socket at `addr` (a stale file refuses the connect).
+bool SocketAnswers(const sockaddr_un& addr) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool live = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
 }  // namespace
 
 
@@ -217,17 +226,12 @@ Status Server::Start() {
   std::error_code ec;
   auto parent = std::filesystem::path(socket_path_).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Unavailable(std::string("socket: ") + std::strerror(errno));
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, socket_path_.c_str(), sizeof(addr.sun_path) - 1);
   // Replace a stale socket file, but never steal the socket of a daemon that is running.
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    ::close(fd);
-    return FailedPrecondition("another gmuxd is serving " + socket_path_);
-  }
-  ::close(fd);
-  fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (SocketAnswers(addr)) return FailedPrecondition("another gmuxd is serving " + socket_path_);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Unavailable(std::string("socket: ") + std::strerror(errno));
   // The socket appears at its path only once it listens: bind() creates the file, and a client
   // that saw it (a script or test waiting for the file, a burst of tenants started right after
   // gmuxd) and connected before listen() was refused, and found no devices. So it is bound and
@@ -267,11 +271,7 @@ Status Server::Start() {
         if (::rename(staged.c_str(), socket_path_.c_str()) == 0) break;
         e = errno;
       } else if (e == EEXIST && attempt == 0) {
-        int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        const bool live =
-            probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-        if (probe >= 0) ::close(probe);
-        if (live) {
+        if (SocketAnswers(addr)) {
           placed = FailedPrecondition("another gmuxd is serving " + socket_path_);
           break;
         }

@@ -72,13 +72,6 @@ bool BecomeUid(uid_t uid) {
   return ::setgroups(0, nullptr) == 0 && ::setgid(uid) == 0 && ::setuid(uid) == 0;
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 // /proc/PID/stat fields after the command name: [0] = state, [1] = ppid, [11] = utime,
 // [12] = stime.
 std::vector<std::string> StatFields(pid_t pid) {
@@ -119,6 +112,13 @@ bool WriteAll(int fd, const void* p, size_t n) {
 }
 
 }  // namespace
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 // ---- PrivateDaemon ----
 

@@ -160,6 +160,9 @@ int KernelOnBuffer(GmuxDevice& d, const std::string& source, const char* name, s
 // read back and checked. 0 when every result was right; otherwise 10 + the step that failed.
 int GoodTenant(int launches);
 
+// A file's whole contents (empty when it cannot be read).
+std::string ReadFile(const std::string& path);
+
 // ---- raw protocol ----
 
 // A connected socket to the daemon (blocking unless `nonblocking`); -1 on failure.

@@ -7,8 +7,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -479,7 +477,6 @@ TEST_F(OpsTest, HashedTokensAndFailedAuthenticationsAreRateLimited) {
   daemon.Stop();
 }
 
-
 // A client that connects the moment gmuxd's socket file appears is served: the file appears only
 // once the socket listens (bound under a name of its own, then renamed into place), where a
 // connect between bind() and listen() used to be refused and the tenant found no devices. No
@@ -498,21 +495,12 @@ TEST_F(OpsTest, TheSocketFileAppearsOnlyOnceItListens) {
     }
     return pid;
   };
-  auto read_log = [](const std::string& log) {
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  };
+  // Whether a client connects now; errno's text when it does not.
   auto connects = [](const std::string& socket, int* err) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const int r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    int fd = ConnectUnix(socket);
     *err = errno;
-    ::close(fd);
-    return r == 0;
+    if (fd >= 0) ::close(fd);
+    return fd >= 0;
   };
   for (int round = 0; round < 5; ++round) {
     const std::string socket = books_ + "/g" + std::to_string(round) + ".sock";
@@ -531,11 +519,11 @@ TEST_F(OpsTest, TheSocketFileAppearsOnlyOnceItListens) {
       }
       ::sched_yield();
     }
-    ASSERT_FALSE(exited) << "gmuxd exited during start-up:\n" << read_log(log);
+    ASSERT_FALSE(exited) << "gmuxd exited during start-up:\n" << ReadFile(log);
     int err = 0;
     EXPECT_TRUE(connects(socket, &err))
         << "round " << round << ": connect right after the file appeared: " << std::strerror(err)
-        << "\n" << read_log(log);
+        << "\n" << ReadFile(log);
     for (const auto& entry : std::filesystem::directory_iterator(books_)) {
       EXPECT_EQ(entry.path().filename().string().find(".new."), std::string::npos)
           << entry.path();
@@ -547,9 +535,9 @@ TEST_F(OpsTest, TheSocketFileAppearsOnlyOnceItListens) {
       ASSERT_GT(second, 0);
       int status = 0;
       ASSERT_EQ(::waitpid(second, &status, 0), second);
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << read_log(log2);
-      EXPECT_NE(read_log(log2).find("another gmuxd is serving"), std::string::npos)
-          << read_log(log2);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << ReadFile(log2);
+      EXPECT_NE(ReadFile(log2).find("another gmuxd is serving"), std::string::npos)
+          << ReadFile(log2);
       EXPECT_TRUE(connects(socket, &err)) << std::strerror(err);
     }
     ::kill(pid, SIGTERM);
@@ -581,10 +569,7 @@ TEST_F(OpsTest, ARefusedTenantIsToldWhy) {
   });
   Outcome out = c.Wait(60s);
   EXPECT_TRUE(out.ok()) << out.Describe();
-  std::ifstream in(err);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string said = text.str();
+  const std::string said = ReadFile(err);
   const std::string why = "uid " + std::to_string(TenantUid(5)) + " is not a configured tenant";
   EXPECT_NE(said.find("gmux: gmuxd: " + why), std::string::npos) << said;
   EXPECT_EQ(said.find("gmux:"), said.rfind("gmux:")) << "said more than once:\n" << said;
