@@ -19,6 +19,8 @@ packages=(
   ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers opencl-clhpp-headers pocl-opencl-icd
   clinfo clpeak
   capnproto libcapnp-dev libasio-dev libsqlite3-dev libcpp-httplib-dev
+  # the worker's allocator (docs/performance.md, "The worker's allocator")
+  libjemalloc-dev
   # TLS for the TCP transport (OpenSSL through Asio); the openssl tool makes the tests' certificates
   libssl-dev openssl
   # the cluster test bed (scripts/slurm-testbed.sh): a one-node Slurm with munge
