@@ -53,18 +53,22 @@ Result<size_t> ReadFully(int fd, void* buf, size_t n) {
   return got;
 }
 
-// Waits until `fd` is readable, within its SO_RCVTIMEO if it has one; false (errno EAGAIN) when
+// `fd`'s SO_RCVTIMEO in milliseconds (rounded up), or -1 when it has none.
+int ReceiveTimeoutMs(int fd) {
+  timeval tv{};
+  socklen_t len = sizeof(tv);
+  if (::getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &len) == 0 &&
+      (tv.tv_sec != 0 || tv.tv_usec != 0)) {
+    return static_cast<int>(tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000);
+  }
+  return -1;
+}
+
+// Waits until `fd` is readable, within `timeout_ms` (-1: no limit); false (errno EAGAIN) when
 // that passed. A thread blocked in read() on a Unix stream socket is woken each time its peer
 // reads what this side sent (the kernel's write-space wake-up does not say what it is for);
 // poll() sleeps through those: one wake-up per message instead of two.
-bool WaitReadable(int fd) {
-  timeval tv{};
-  socklen_t len = sizeof(tv);
-  int timeout_ms = -1;
-  if (::getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &len) == 0 &&
-      (tv.tv_sec != 0 || tv.tv_usec != 0)) {
-    timeout_ms = static_cast<int>(tv.tv_sec * 1000 + (tv.tv_usec + 999) / 1000);
-  }
+bool WaitReadable(int fd, int timeout_ms) {
   pollfd p{fd, POLLIN, 0};
   for (;;) {
     int r = ::poll(&p, 1, timeout_ms);
@@ -77,6 +81,10 @@ bool WaitReadable(int fd) {
   }
 }
 
+// How RecvSome treats a socket with nothing to read: return at once, wait (in poll), or wait
+// without trying first (the caller has just found it empty: one recvmsg fewer per wait).
+enum class Wait { kNo, kYes, kPollFirst };
+
 // RecvSome's answer when told not to wait and nothing has arrived.
 constexpr size_t kNothingYet = SIZE_MAX;
 
@@ -84,8 +92,13 @@ constexpr size_t kNothingYet = SIZE_MAX;
 // the end of the stream (a reset included), kNothingYet when nothing is there and `wait` is
 // false. Each descriptor passed with the bytes goes to `on_fd(fd, bytes read)`, which owns it.
 // What is there is taken at once; otherwise the wait is in poll() (WaitReadable).
+// `timeout_ms` bounds each wait (ReceiveTimeoutMs).
 template <typename OnFd>
-Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, bool wait, const OnFd& on_fd) {
+Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, Wait wait, int timeout_ms,
+                        const OnFd& on_fd) {
+  if (wait == Wait::kPollFirst && !WaitReadable(fd, timeout_ms)) {
+    return Unavailable("recvmsg: " + ErrnoText(errno));
+  }
   for (;;) {
     iovec iov{buf, n};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
@@ -98,8 +111,8 @@ Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, bool wait, const OnFd& o
     if (r < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        if (!wait) return kNothingYet;
-        if (!WaitReadable(fd)) return Unavailable("recvmsg: " + ErrnoText(errno));
+        if (wait == Wait::kNo) return kNothingYet;
+        if (!WaitReadable(fd, timeout_ms)) return Unavailable("recvmsg: " + ErrnoText(errno));
         continue;
       }
       if (errno == ECONNRESET) return size_t{0};
@@ -122,9 +135,11 @@ Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, bool wait, const OnFd& o
 // delivers it with the frame's first byte). Every descriptor but the first kept one is closed.
 Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
   size_t got = 0;
+  const int timeout_ms = ReceiveTimeoutMs(fd);
   while (got < n) {
     GMUX_ASSIGN_OR_RETURN(const size_t r,
-                          RecvSome(fd, buf + got, n - got, /*wait=*/true, [&](int passed, size_t) {
+                          RecvSome(fd, buf + got, n - got, Wait::kYes, timeout_ms,
+                                   [&](int passed, size_t) {
                             if (fd_out != nullptr && *fd_out < 0) {
                               *fd_out = passed;
                             } else {
@@ -388,7 +403,11 @@ constexpr size_t kReadBufferBytes = 256u << 10;
 }  // namespace
 
 FrameReader::FrameReader(int fd, FrameKind kind, const FrameLimits& limits)
-    : fd_(fd), kind_(kind), limits_(limits), buf_(kReadBufferBytes) {}
+    : fd_(fd),
+      kind_(kind),
+      limits_(limits),
+      timeout_ms_(ReceiveTimeoutMs(fd)),
+      buf_(kReadBufferBytes) {}
 
 FrameReader::~FrameReader() {
   for (const Passed& p : passed_) ::close(p.fd);
@@ -403,7 +422,9 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
     begin_ = 0;
   }
   const uint64_t from = offset_ + buffered();
-  Result<size_t> r = RecvSome(fd_, buf_.data() + end_, buf_.size() - end_, wait,
+  // Waiting comes only after a read without waiting found nothing (Next): straight to poll.
+  Result<size_t> r = RecvSome(fd_, buf_.data() + end_, buf_.size() - end_,
+                              wait ? Wait::kPollFirst : Wait::kNo, timeout_ms_,
                               [&](int passed, size_t bytes) {
                                 passed_.push_back({passed, from, from + bytes});
                               });
@@ -498,7 +519,7 @@ Result<Message> FrameReader::Next(int* fd_out, const std::function<void()>& befo
     bool ended = false;
     while (body < rest && !ended) {
       GMUX_ASSIGN_OR_RETURN(size_t r, RecvSome(fd_, dst + have + body, rest - body,
-                                               /*wait=*/false,
+                                               Wait::kNo, timeout_ms_,
                                                [](int passed, size_t) { ::close(passed); }));
       if (r == kNothingYet) break;
       ended = r == 0;

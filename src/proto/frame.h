@@ -120,7 +120,8 @@ Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits = {}
 // are read straight into their message. A descriptor passed with a frame (SCM_RIGHTS) belongs to
 // the last frame that begins in the bytes of the read that brought it: the kernel attaches it to
 // the frame's first byte, may join earlier bytes to that read, and ends the read after the bytes
-// it came with. Waits in poll() (see ReadHeader in frame.cc). Thread-compatible.
+// it came with. Waits in poll() (see WaitReadable in frame.cc), within the socket's SO_RCVTIMEO
+// as it was when the reader was made. Thread-compatible.
 class FrameReader {
  public:
   FrameReader(int fd, FrameKind kind, const FrameLimits& limits);
@@ -137,8 +138,9 @@ class FrameReader {
     int fd;
     uint64_t from, to;  // the stream offsets of the read that brought it
   };
-  // Reads what the socket has into the buffer (waiting for it if `wait`); false on EOF, an error
-  // (in `error`) or, without `wait`, nothing there.
+  // Reads what the socket has into the buffer (waiting for it if `wait`: called so only after a
+  // read without waiting found nothing, it waits before it reads); false on EOF, an error (in
+  // `error`) or, without `wait`, nothing there.
   bool Fill(bool wait, Status& error, bool& eof);
   size_t buffered() const { return end_ - begin_; }
   // The descriptor for the frame at stream offset `at` spanning `bytes`, or -1; stale ones closed.
@@ -147,6 +149,7 @@ class FrameReader {
   int fd_;
   FrameKind kind_;
   FrameLimits limits_;
+  int timeout_ms_;  // the socket's SO_RCVTIMEO when the reader was made (-1: none), read once
   std::vector<uint8_t> buf_;
   size_t begin_ = 0, end_ = 0;
   uint64_t offset_ = 0;  // stream offset of buf_[begin_]
