@@ -282,6 +282,8 @@ Connection* Connection::Connect() {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
   conn->fd_ = fd;
+  conn->replies_ =
+      std::make_unique<proto::FrameReader>(fd, proto::FrameKind::kReply, ReplyLimits());
   // Descriptors cannot cross TCP: bulk data goes inline there.
   // GMUX_SHM=0: every byte inline in the stream (no shared memory, no remote copy either).
   if (const char* e = std::getenv("GMUX_SHM"); tcp || (e != nullptr && std::strcmp(e, "0") == 0)) {
@@ -725,7 +727,7 @@ cl_int Connection::TakeAsyncError() {
 }
 
 bool Connection::ReadOne() {
-  auto msg = proto::ReadFrame(fd_, proto::FrameKind::kReply, ReplyLimits());
+  auto msg = replies_->Next(nullptr);
   if (!msg.ok()) {
     Disconnected();
     return false;
@@ -845,7 +847,9 @@ void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
       reading_ = true;
       reader_is_waiter_ = true;
       lock.unlock();
-      spin_.Wait(fd_);  // a reply due soon is taken without sleeping (reply_spin.h)
+      // A reply due soon is taken without sleeping (reply_spin.h); one read already is not
+      // waited for.
+      if (!replies_->HasFrame()) spin_.Wait(fd_);
       ReadOne();
       spin_.Arrived();
       lock.lock();

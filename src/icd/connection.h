@@ -255,6 +255,9 @@ class Connection {
   bool reading_ = false;
   bool reader_is_waiter_ = false;
   ReplySpin spin_ = ReplySpin::FromEnvironment();  // used by the waiter that reads
+  // The replies, read through a buffer: one recvmsg takes a reply whole (header and payload)
+  // and every later one already there. Used by the one thread that reads (reading_).
+  std::unique_ptr<proto::FrameReader> replies_;
   int waiters_ = 0;               // callers in AwaitReply
   size_t async_pending_ = 0;      // pending requests with an on_reply callback
   std::condition_variable reader_cv_;  // wakes the receiver thread

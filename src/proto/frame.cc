@@ -441,6 +441,12 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
   return true;
 }
 
+bool FrameReader::HasFrame() const {
+  if (buffered() < kHeaderBytes) return false;
+  Result<FrameHeader> h = DecodeHeader({buf_.data() + begin_, kHeaderBytes}, limits_);
+  return !h.ok() || buffered() - kHeaderBytes >= h->payload_bytes;
+}
+
 int FrameReader::TakeFd(uint64_t at, uint64_t bytes) {
   int out = -1;
   for (auto it = passed_.begin(); it != passed_.end();) {

@@ -132,6 +132,8 @@ class FrameReader {
   // The next frame, with ReadFrame's errors. `fd_out` as ReadFrame's. `before_wait` runs once
   // each time no whole frame is buffered and the socket has nothing more: before sleeping.
   Result<Message> Next(int* fd_out, const std::function<void()>& before_wait = nullptr);
+  // Whether Next() has a whole frame (or a header it will refuse) without reading the socket.
+  bool HasFrame() const;
 
  private:
   struct Passed {

@@ -407,6 +407,55 @@ TEST_F(SocketPairTest, ReaderSaysItWaitsInsideAFrameLargerThanItsBuffer) {
   EXPECT_EQ(waits.load(), 1);
 }
 
+TEST_F(SocketPairTest, ReaderTellsWhetherAWholeFrameIsBuffered) {
+  // The ICD reads replies through a reader and does not wait on the socket for one the reader
+  // already holds: HasFrame() must be true exactly when Next() needs no read.
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  EXPECT_FALSE(reader.HasFrame());
+  std::vector<uint8_t> bytes;
+  for (auto f : {SeqFrame(1), SeqFrame(2), SeqFrame(3, 64)}) {
+    bytes.insert(bytes.end(), f.begin(), f.end());
+  }
+  const size_t partial = bytes.size() - 40;  // frame 3 lacks its last 40 bytes
+  ASSERT_EQ(::write(fds_[0], bytes.data(), partial), static_cast<ssize_t>(partial));
+  int waits = 0;
+  auto one = reader.Next(nullptr, [&] { ++waits; });
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->root<wire::Request>().getSeq(), 1u);
+  EXPECT_TRUE(reader.HasFrame());  // frame 2 came with it
+  auto two = reader.Next(nullptr, [&] { ++waits; });
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->root<wire::Request>().getSeq(), 2u);
+  EXPECT_EQ(waits, 0);
+  EXPECT_FALSE(reader.HasFrame());  // only part of frame 3
+  ASSERT_EQ(::write(fds_[0], bytes.data() + partial, 40), 40);
+  EXPECT_FALSE(reader.HasFrame());  // its rest is in the socket, not read yet
+  auto three = reader.Next(nullptr);
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_EQ(three->root<wire::Request>().getSeq(), 3u);
+  EXPECT_FALSE(reader.HasFrame());
+  // A header it will refuse counts as a frame: Next() answers it without waiting.
+  auto four = SeqFrame(4);
+  std::vector<uint8_t> garbage(kHeaderBytes, 0xab);
+  four.insert(four.end(), garbage.begin(), garbage.end());
+  ASSERT_EQ(::write(fds_[0], four.data(), four.size()), static_cast<ssize_t>(four.size()));
+  ASSERT_TRUE(reader.Next(nullptr).ok());
+  EXPECT_TRUE(reader.HasFrame());
+  auto bad = reader.Next(nullptr);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().code(), StatusCode::kUnavailable);  // refused, not waited for
+}
+
+TEST_F(SocketPairTest, ReaderWaitsWithinTheSocketsReceiveTimeout) {
+  // The reader reads SO_RCVTIMEO once, when it is made: a socket with one gives up waiting.
+  timeval tv{0, 50'000};
+  ASSERT_EQ(::setsockopt(fds_[1], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  int waits = 0;
+  EXPECT_EQ(reader.Next(nullptr, [&] { ++waits; }).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(waits, 1);
+}
+
 TEST_F(SocketPairTest, ReaderRejectsABadHeaderAndAFrameOverTheLimit) {
   FrameLimits small;
   small.max_payload_bytes = 1024;
