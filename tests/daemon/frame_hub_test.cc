@@ -366,7 +366,9 @@ TEST_F(FrameHubTest, HostileAgentsEndOnlyTheirOwnConnection) {
     capnp::MallocMessageBuilder b;
     auto r = b.initRoot<wire::Request>();
     r.initHello().setProgram(std::string(100000, 'p'));
-    ASSERT_TRUE(a.SendRaw(b));
+    // The send itself may fail: the hub refuses the frame on its header and closes the
+    // connection, possibly before the rest of the 100 KB is written (EPIPE, a reset).
+    a.SendRaw(b);
     EXPECT_TRUE(a.Closed(&why));
   }
   // The well-behaved agent is still served.
