@@ -90,7 +90,7 @@ constexpr size_t kNothingYet = SIZE_MAX;
 
 // One recvmsg of what has arrived on `fd`, at most `n` bytes into `buf`: the bytes read, 0 at
 // the end of the stream (a reset included), kNothingYet when nothing is there and `wait` is
-// false. Each descriptor passed with the bytes goes to `on_fd(fd, bytes read)`, which owns it.
+// Wait::kNo. Each descriptor passed with the bytes goes to `on_fd(fd, bytes read)`, which owns it.
 // What is there is taken at once; otherwise the wait is in poll() (WaitReadable).
 // `timeout_ms` bounds each wait (ReceiveTimeoutMs).
 template <typename OnFd>
@@ -136,16 +136,16 @@ Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, Wait wait, int timeout_m
 Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
   size_t got = 0;
   const int timeout_ms = ReceiveTimeoutMs(fd);
+  auto keep_first = [&](int passed, size_t) {
+    if (fd_out != nullptr && *fd_out < 0) {
+      *fd_out = passed;
+    } else {
+      ::close(passed);
+    }
+  };
   while (got < n) {
     GMUX_ASSIGN_OR_RETURN(const size_t r,
-                          RecvSome(fd, buf + got, n - got, Wait::kYes, timeout_ms,
-                                   [&](int passed, size_t) {
-                            if (fd_out != nullptr && *fd_out < 0) {
-                              *fd_out = passed;
-                            } else {
-                              ::close(passed);
-                            }
-                          }));
+                          RecvSome(fd, buf + got, n - got, Wait::kYes, timeout_ms, keep_first));
     if (r == 0) return got;
     got += r;
   }

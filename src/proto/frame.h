@@ -121,7 +121,8 @@ Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits = {}
 // the last frame that begins in the bytes of the read that brought it: the kernel attaches it to
 // the frame's first byte, may join earlier bytes to that read, and ends the read after the bytes
 // it came with. Waits in poll() (see WaitReadable in frame.cc), within the socket's SO_RCVTIMEO
-// as it was when the reader was made. Thread-compatible.
+// as it was when the reader was made (the rest of a frame larger than the buffer is read with
+// read(), within the socket's timeout as it is then). Thread-compatible.
 class FrameReader {
  public:
   FrameReader(int fd, FrameKind kind, const FrameLimits& limits);

@@ -368,7 +368,7 @@ TEST_F(FrameHubTest, HostileAgentsEndOnlyTheirOwnConnection) {
     r.initHello().setProgram(std::string(100000, 'p'));
     // The send itself may fail: the hub refuses the frame on its header and closes the
     // connection, possibly before the rest of the 100 KB is written (EPIPE, a reset).
-    a.SendRaw(b);
+    (void)a.SendRaw(b);
     EXPECT_TRUE(a.Closed(&why));
   }
   // The well-behaved agent is still served.

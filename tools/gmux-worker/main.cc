@@ -26,6 +26,18 @@
 #include "daemon/session.h"
 #include "daemon/worker_queue.h"
 
+#ifdef GMUX_JEMALLOC
+// The worker's allocator is jemalloc (docs/performance.md, "The worker's allocator"). Its options,
+// read when it starts: freed address space is unmapped, not kept for reuse ("retain", on by
+// default on 64-bit Linux), because the tenant's worker_memory_bytes (RLIMIT_DATA) and the
+// worker's books of shared-memory storage count the process's data mappings (VmData): kept,
+// memory freed after a peak (a kernel's compilation) would still count against the tenant.
+extern "C" {
+const char* malloc_conf = "retain:false";
+int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
+}
+#endif
+
 namespace {
 
 int Usage() {
@@ -51,6 +63,16 @@ bool SetLimit(int resource, uint64_t value) {
 int main(int argc, char** argv) {
   using namespace gmux::daemon;
   InitLog("gmux-worker", "info");
+#ifdef GMUX_JEMALLOC
+  {
+    // A direct reference: the link cannot drop jemalloc (--as-needed) and leave glibc's malloc.
+    const char* version = nullptr;
+    size_t len = sizeof(version);
+    if (mallctl("version", &version, &len, nullptr, 0) == 0 && version != nullptr) {
+      spdlog::debug("allocator: jemalloc {}", version);
+    }
+  }
+#endif
   int ctl_fd = -1;
   long uid = -1, gid = -1;  // the tenant's, when gmuxd (root) starts this worker for it
   BackendOptions backend_options;
