@@ -64,11 +64,15 @@ int ReceiveTimeoutMs(int fd) {
   return -1;
 }
 
-// Waits until `fd` is readable, within `timeout_ms` (-1: no limit); false (errno EAGAIN) when
-// that passed. A thread blocked in read() on a Unix stream socket is woken each time its peer
+// A timeout for WaitReadable: the socket's own SO_RCVTIMEO, read when a wait begins.
+constexpr int kSocketTimeout = -2;
+
+// Waits until `fd` is readable, within `timeout_ms` (-1: no limit; kSocketTimeout: the socket's
+// SO_RCVTIMEO); false (errno EAGAIN) when that passed. A thread blocked in read() on a Unix stream socket is woken each time its peer
 // reads what this side sent (the kernel's write-space wake-up does not say what it is for);
 // poll() sleeps through those: one wake-up per message instead of two.
 bool WaitReadable(int fd, int timeout_ms) {
+  if (timeout_ms == kSocketTimeout) timeout_ms = ReceiveTimeoutMs(fd);
   pollfd p{fd, POLLIN, 0};
   for (;;) {
     int r = ::poll(&p, 1, timeout_ms);
@@ -92,7 +96,7 @@ constexpr size_t kNothingYet = SIZE_MAX;
 // the end of the stream (a reset included), kNothingYet when nothing is there and `wait` is
 // Wait::kNo. Each descriptor passed with the bytes goes to `on_fd(fd, bytes read)`, which owns it.
 // What is there is taken at once; otherwise the wait is in poll() (WaitReadable).
-// `timeout_ms` bounds each wait (ReceiveTimeoutMs).
+// `timeout_ms` bounds each wait (as WaitReadable's).
 template <typename OnFd>
 Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, Wait wait, int timeout_ms,
                         const OnFd& on_fd) {
@@ -135,7 +139,6 @@ Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, Wait wait, int timeout_m
 // delivers it with the frame's first byte). Every descriptor but the first kept one is closed.
 Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
   size_t got = 0;
-  const int timeout_ms = ReceiveTimeoutMs(fd);
   auto keep_first = [&](int passed, size_t) {
     if (fd_out != nullptr && *fd_out < 0) {
       *fd_out = passed;
@@ -145,7 +148,8 @@ Result<size_t> ReadHeader(int fd, uint8_t* buf, size_t n, int* fd_out) {
   };
   while (got < n) {
     GMUX_ASSIGN_OR_RETURN(const size_t r,
-                          RecvSome(fd, buf + got, n - got, Wait::kYes, timeout_ms, keep_first));
+                          RecvSome(fd, buf + got, n - got, Wait::kYes, kSocketTimeout,
+                                   keep_first));
     if (r == 0) return got;
     got += r;
   }
