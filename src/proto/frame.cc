@@ -68,9 +68,10 @@ int ReceiveTimeoutMs(int fd) {
 constexpr int kSocketTimeout = -2;
 
 // Waits until `fd` is readable, within `timeout_ms` (-1: no limit; kSocketTimeout: the socket's
-// SO_RCVTIMEO); false (errno EAGAIN) when that passed. A thread blocked in read() on a Unix stream socket is woken each time its peer
-// reads what this side sent (the kernel's write-space wake-up does not say what it is for);
-// poll() sleeps through those: one wake-up per message instead of two.
+// SO_RCVTIMEO); false (errno EAGAIN) when that passed. A thread blocked in read() on a Unix
+// stream socket is woken each time its peer reads what this side sent (the kernel's write-space
+// wake-up does not say what it is for); poll() sleeps through those: one wake-up per message
+// instead of two.
 bool WaitReadable(int fd, int timeout_ms) {
   if (timeout_ms == kSocketTimeout) timeout_ms = ReceiveTimeoutMs(fd);
   pollfd p{fd, POLLIN, 0};
