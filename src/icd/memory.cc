@@ -33,12 +33,22 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   // A buffer on shared memory (docs/protocol.md): not for CL_MEM_USE_HOST_PTR (the
   // application's memory is the buffer's) nor for one the host never touches.
   ShmBuffer storage;
+  bool fresh = false;  // a new memfd: nothing of it faulted in yet
   if ((flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS)) == 0 && c.UseStorage(size) &&
       !ctx->storage_declined.load(std::memory_order_relaxed)) {
     // A released buffer's memory of this size if one is kept (its old contents are this
     // process's own; OpenCL promises a new buffer no contents), else a new memfd.
     storage = c.TakeStorage(size);
-    if (!storage.valid()) storage = Connection::CreateStorage(size);
+    if (!storage.valid()) {
+      storage = Connection::CreateStorage(size);
+      fresh = storage.valid();
+    }
+  }
+  // A new large mapping is faulted in by a thread of its own while this one goes on (a
+  // released buffer's memory is in place already).
+  std::shared_ptr<Prefaulter::Job> prefault;
+  if (fresh && size >= Prefaulter::kMinBytes) {
+    prefault = Prefaulter::Get().Start(storage.map, size);
   }
   uint64_t token = 0;
   ShmBuffer held;
@@ -72,6 +82,7 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
     }
     if (used) {
       m->storage = static_cast<uint8_t*>(storage.map);
+      m->prefault = std::move(prefault);
       // The worker has its own descriptor; this one is kept for reuse where there is room.
       if (c.KeepStorageFd(size)) {
         m->storage_fd = storage.fd;
@@ -79,6 +90,7 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
         ::close(storage.fd);
       }
     } else {
+      Prefaulter::Get().Stop(prefault);
       ::munmap(storage.map, storage.capacity);
       ::close(storage.fd);
       if (declined) ctx->storage_declined = true;  // its devices do not work in place
@@ -169,6 +181,7 @@ void Destroy(_cl_mem* m) {
   // none can still write it; the worker releases its buffer before it makes the next one on
   // the same memory, in stream order); else, or without room, it goes.
   if (m->storage != nullptr) {
+    Prefaulter::Get().Stop(m->prefault);
     Connection* c = m->storage_fd >= 0 ? TryConn() : nullptr;
     if (c != nullptr) c->DropStorageFd();
     const bool kept = c != nullptr && ctx->in_flight.load(std::memory_order_acquire) == 0 &&
