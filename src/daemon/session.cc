@@ -270,6 +270,10 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size, b
   return b;
 }
 
+void HostBuffer::FaultInAhead() {
+  if (mapped_ && !prefault_) prefault_ = Prefaulter::Get().Start(data_, size_);
+}
+
 std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, size_t size) {
   auto v = std::shared_ptr<HostBuffer>(new HostBuffer());
   v->data_ = whole->data_;
@@ -394,6 +398,7 @@ HostBuffer::HostBuffer(size_t n) : size_(n) {
 }
 
 HostBuffer::~HostBuffer() {
+  Prefaulter::Get().Stop(prefault_);
   if (mapped_ && size_ >= kUnmapLaterBytes) {
     Unmapper::Get().Add(data_, size_);
   } else if (mapped_) {
@@ -946,6 +951,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         in_place = StorageFor(*ctx);
         on_storage = in_place && StorageRoom(r.getSize());
         if (on_storage) {
+          // The device's first touch of each page would fault in this process too (an output
+          // buffer's, or an input's the application wrote): a large one is faulted in ahead.
+          if (r.getSize() >= Prefaulter::kMinBytes) (*mapped)->FaultInAhead();
           // Booked until the mapping goes (the buffer's last backend object destroyed).
           auto unbook = [keep = *mapped, books = storage_books_, n = r.getSize()](uint8_t*) {
             std::lock_guard<std::mutex> lock(books->mu);

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/prefault.h"
 #include "daemon/backend.h"
 #include "daemon/command.h"
 #include "daemon/config.h"
@@ -47,6 +48,9 @@ class HostBuffer {
   // `populate` faults the pages in now (a transfer's, read at once); a buffer's storage is
   // faulted in where it is first touched.
   static Result<std::shared_ptr<HostBuffer>> MapSealed(int fd, size_t size, bool populate = true);
+  // Faults a mapped buffer's pages in on the process's prefaulter thread (common/prefault.h),
+  // from the end backwards, while the caller goes on; stopped before the mapping goes.
+  void FaultInAhead();
   // The first `size` bytes of `whole` (kept alive by the view).
   static std::shared_ptr<HostBuffer> View(std::shared_ptr<HostBuffer> whole, size_t size);
   ~HostBuffer();
@@ -67,6 +71,7 @@ class HostBuffer {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
+  std::shared_ptr<Prefaulter::Job> prefault_;  // FaultInAhead's
   std::shared_ptr<HostBuffer> whole_;  // views only
 };
 

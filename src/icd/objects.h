@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "icd/connection.h"
-#include "icd/prefault.h"
+#include "common/prefault.h"
 
 namespace gmux::icd {
 
@@ -129,9 +129,9 @@ struct _cl_mem : gmux::icd::ObjectHeader {
   // The memfd behind `storage`, kept open while the connection has room for it
   // (Connection::KeepStorageFd), so that the memory can be reused when the buffer goes.
   int storage_fd = -1;
-  // Faulting `storage` in ahead of the application (a new large one; icd/prefault.h): stopped
+  // Faulting `storage` in ahead of the application (a new large one; common/prefault.h): stopped
   // before `storage` is unmapped or pooled.
-  std::shared_ptr<gmux::icd::Prefaulter::Job> prefault;
+  std::shared_ptr<gmux::Prefaulter::Job> prefault;
   std::mutex mu;  // guards maps and destructors
   std::vector<Mapping> maps;
   // clSetMemObjectDestructorCallback's callbacks, in registration order (run in reverse when

@@ -180,7 +180,7 @@ TransferRun Transfer(Dev& d, size_t bytes, size_t total) {
   cl_int err = CL_SUCCESS;
   // The data first, then the buffer, then at once the writes: what a program that prepares its
   // input and uploads it does. (The other order would leave gmux's prefaulter the time of
-  // filling the vectors to fault the new buffer in: icd/prefault.h.)
+  // filling the vectors to fault the new buffer in: common/prefault.h.)
   std::vector<unsigned char> out(bytes), in(bytes);
   for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<unsigned char>(i * 7 + 3);
   cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, bytes, nullptr, &err);

@@ -1,6 +1,6 @@
-// The ICD's prefaulter on real memfd mappings: which pages are in this process's page tables is
+// The prefaulter on real memfd mappings: which pages are in this process's page tables is
 // read from /proc/self/pagemap (bit 63: present).
-#include "icd/prefault.h"
+#include "common/prefault.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-namespace gmux::icd {
+namespace gmux {
 namespace {
 
 constexpr size_t kPage = 4096;
@@ -137,4 +137,4 @@ TEST(PrefaulterTest, NothingToDoIsNoJob) {
 }
 
 }  // namespace
-}  // namespace gmux::icd
+}  // namespace gmux

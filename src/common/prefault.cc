@@ -1,4 +1,4 @@
-#include "icd/prefault.h"
+#include "common/prefault.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
 #endif
 
-namespace gmux::icd {
+namespace gmux {
 
 struct Prefaulter::Job {
   uint8_t* base = nullptr;
@@ -93,4 +93,4 @@ void Prefaulter::Run() {
   }
 }
 
-}  // namespace gmux::icd
+}  // namespace gmux

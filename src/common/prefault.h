@@ -1,5 +1,5 @@
-// Faults a new buffer's shared memory into the application's page tables on a thread of the ICD
-// while the application goes on.
+// Faults a new buffer's shared memory into this process's page tables on a thread of its own
+// while the process goes on (the ICD: the application's mapping; the worker: its own).
 //
 // A buffer on shared memory (docs/protocol.md, "Buffers on shared memory") is a memfd the
 // application maps; its first touch of each page is a page fault, and on this project's VMs
@@ -17,15 +17,15 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 
-namespace gmux::icd {
+namespace gmux {
 
 class Prefaulter {
  public:
@@ -59,4 +59,4 @@ class Prefaulter {
   std::atomic<pid_t> owner_{0};
 };
 
-}  // namespace gmux::icd
+}  // namespace gmux
