@@ -719,19 +719,48 @@ bool Session::StorageRoom(uint64_t bytes) {
   // in the worker's own memory, where the limit refuses it.
   std::lock_guard<std::mutex> lock(storage_books_->mu);
   StorageBooks& b = *storage_books_;
-  if (!b.limit_read) {
-    rlimit lim{};
-    if (::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
-      b.data_limit = lim.rlim_cur;
-    }
-    b.limit_read = true;
-  }
+  b.ReadLimitLocked();
   if (b.buffers >= kMaxStorageBuffers) return false;
-  if (b.data_limit != 0 && b.bytes + bytes + PrivateDataBytes() > b.data_limit) return false;
+  if (b.data_limit != 0 && b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) return false;
   b.bytes += bytes;
   ++b.buffers;
   b.ApplyLocked();
   return true;
+}
+
+void Session::StorageBooks::ReadLimitLocked() {
+  if (limit_read) return;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    data_limit = lim.rlim_cur;
+  }
+  limit_read = true;
+}
+
+uint64_t Session::StorageBooks::PrivateInUseLocked() {
+  const uint64_t now = PrivateDataBytes();
+  if (!base_read) {
+    base_private = now;
+    base_read = true;
+  }
+  return std::max(now, base_private + private_buffers);
+}
+
+std::shared_ptr<void> Session::PrivateRoom(uint64_t bytes, bool* fits) {
+  std::lock_guard<std::mutex> lock(storage_books_->mu);
+  StorageBooks& b = *storage_books_;
+  b.ReadLimitLocked();
+  *fits = true;
+  if (b.data_limit == 0) return nullptr;  // no limit: nothing to book
+  if (b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) {
+    *fits = false;
+    return nullptr;
+  }
+  b.private_buffers += bytes;
+  return std::shared_ptr<void>(nullptr, [books = storage_books_, bytes](void*) {
+    std::lock_guard<std::mutex> held(books->mu);
+    books->private_buffers -= bytes;
+  });
 }
 
 Session::~Session() {
@@ -975,6 +1004,18 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         if (!e.ok()) return e;
         flags |= CL_MEM_COPY_HOST_PTR;
       }
+      std::shared_ptr<void> private_booking;
+      if (!on_storage) {
+        bool fits = true;
+        private_booking = PrivateRoom(r.getSize(), &fits);
+        if (!fits) {
+          if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
+          return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
+                  "a buffer of " + std::to_string(r.getSize()) +
+                      " bytes does not fit this tenant's worker memory limit "
+                      "(worker_memory_bytes) with the memory it holds"};
+        }
+      }
       std::shared_ptr<MemCharge> charge;
       if (Err e = ChargeMemory(ctx->devices, r.getSize(), true, charge); !e.ok()) {
         if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
@@ -998,6 +1039,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       mo.mem = Adopt(m);
       mo.size = r.getSize();
       mo.charge = std::move(charge);
+      mo.private_booking = std::move(private_booking);
       Residency::Allocation a;
       a.kind = Residency::Kind::kBuffer;
       a.mem = mo.mem;
@@ -2370,6 +2412,15 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
       image_bytes = 0;  // the backend refuses it below
     }
   }
+  bool fits = true;
+  std::shared_ptr<void> private_booking = PrivateRoom(image_bytes, &fits);
+  if (!fits) {
+    if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
+    return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
+            "an image of " + std::to_string(image_bytes) +
+                " bytes does not fit this tenant's worker memory limit (worker_memory_bytes) "
+                "with the memory it holds"};
+  }
   std::shared_ptr<MemCharge> charge;
   if (Err e = ChargeMemory(ctx->devices, image_bytes, false, charge); !e.ok()) {
     if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
@@ -2389,6 +2440,7 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   if (m == nullptr) return {err, "clCreateImage failed"};
   MemObj mo;
   mo.charge = std::move(charge);
+  mo.private_booking = std::move(private_booking);
   mo.mem = Adopt(m);
   mo.image = true;
   mo.image_type = static_cast<uint32_t>(desc.image_type);

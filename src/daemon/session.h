@@ -190,6 +190,7 @@ class Session {
     size_t element_bytes = 0;
     std::shared_ptr<MemCharge> charge{};  // none for sub-buffers (their parent's counts)
     std::shared_ptr<Residency::Allocation> alloc{};  // its recipe, to move it off the device
+    std::shared_ptr<void> private_booking{};  // in the worker's own memory (PrivateRoom)
   };
   struct ProgramObj {
     Ref<cl_program> program;
@@ -322,6 +323,17 @@ class Session {
     uint64_t bytes = 0, buffers = 0;
     bool limit_read = false;  // data_limit is read before the first buffer is booked
     uint64_t data_limit = 0;  // RLIMIT_DATA as the worker started (0: none)
+    // Buffers made in the worker's own memory and not released, and the private data in use
+    // (VmData) when the first was made: the backend may allocate a buffer's memory only at its
+    // first use, so VmData alone does not show them yet.
+    uint64_t private_buffers = 0;
+    uint64_t base_private = 0;
+    bool base_read = false;
+    // Reads data_limit once (mu held).
+    void ReadLimitLocked();
+    // The worker's private memory in use or promised to buffers, to count against data_limit
+    // (mu held; reads /proc/self/status).
+    uint64_t PrivateInUseLocked();
     // Lowers RLIMIT_DATA by what is on shared memory (mu held).
     void ApplyLocked() const;
   };
@@ -329,6 +341,11 @@ class Session {
   // Books `bytes` more on shared memory when they fit; false to make the buffer in the
   // worker's own memory.
   bool StorageRoom(uint64_t bytes);
+  // Books a buffer of `bytes` in the worker's own memory when it fits the worker's memory limit
+  // (worker_memory_bytes) with everything else; the booking ends when the returned handle goes.
+  // Null when it does not fit: PoCL allocates at a buffer's first use and aborts the process
+  // when that fails, so such a buffer is refused when it is made.
+  std::shared_ptr<void> PrivateRoom(uint64_t bytes, bool* fits);
 };
 
 // Whether device `i` is a pool device the tenant does not see (every one but the lowest).
