@@ -4,12 +4,15 @@
 // A buffer on shared memory (docs/protocol.md, "Buffers on shared memory") is a memfd the
 // application maps; its first touch of each page is a page fault, and on this project's VMs
 // faulting in a memfd's page costs about 40 % more than an anonymous one (what native PoCL's
-// own allocation gives): the first blocking write of a new 256 MiB buffer took 0.75-0.88 of
-// native's time (docs/performance.md, "New large buffers faulted in ahead"). A Prefaulter thread
-// populates the mapping (MADV_POPULATE_WRITE) from its end backwards, 2 MiB at a time, so an
-// application writing the buffer from its start meets it halfway and each of them faults in
-// half of it, on two cores. Populating a page already present is a page-table walk, so the
-// race with the application costs little; no byte of the buffer is changed.
+// own allocation gives): the first blocking write of a new 256 MiB buffer ran at 0.75-0.89 of
+// native (docs/performance.md, "New large buffers faulted in ahead"). A Prefaulter thread reads
+// one byte of each page, from the mapping's end backwards, so an application writing the
+// buffer from its start meets it halfway and each of them takes half of the faults, on two
+// cores. A read fault on a shared file mapping maps the page writable (shmem asks for no write
+// notification), so the application's writes then fault no more; nothing is written, so the
+// race with the application changes no byte. Faults, unlike MADV_POPULATE_WRITE, do not take
+// the process's mmap lock (per-VMA locks), which made the process's own mmap() calls (the next
+// buffer's) wait for milliseconds behind a populating thread.
 //
 // One thread per process, started by the first job and serving them in order. Thread-safe.
 // In a forked child (no thread) Stop() returns at once.
@@ -31,15 +34,15 @@ class Prefaulter {
  public:
   // Buffers from this size are worth a job (fewer pages fault in before the thread would).
   static constexpr size_t kMinBytes = 8u << 20;
-  static constexpr size_t kChunkBytes = 2u << 20;
+  static constexpr size_t kChunkBytes = 64u << 10;
 
   struct Job;
 
   static Prefaulter& Get();
 
-  // Queues [map, map + size) (a writable shared mapping) to be populated; null when there is no
-  // thread to do it. A job the kernel refuses (before Linux 5.14, no memory) ends there. The
-  // mapping must stay mapped until Stop().
+  // Queues [map, map + size) to be faulted in; null when there is no thread to do it. The
+  // mapping must be readable, backed by a file at least `size` long (a memfd sealed against
+  // shrinking: a touch past its end would be SIGBUS), and stay mapped until Stop().
   std::shared_ptr<Job> Start(void* map, size_t size);
   // Ends `job` (its chunk in progress, if any, is waited for): the mapping may be unmapped
   // after it returns. Null is ignored.
