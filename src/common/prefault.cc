@@ -1,8 +1,6 @@
 #include "common/prefault.h"
 
-#include <pthread.h>
 #include <sched.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <system_error>
@@ -27,7 +25,10 @@ Prefaulter& Prefaulter::Get() {
 std::shared_ptr<Prefaulter::Job> Prefaulter::Start(void* map, size_t size) {
   if (map == nullptr || size == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
-  if (owner_.load(std::memory_order_relaxed) != ::getpid()) {
+  const pid_t owner = owner_.load(std::memory_order_relaxed);
+  // A forked child: the parent's jobs and lock state came with the fork, its thread did not.
+  if (owner != 0 && owner != ::getpid()) return nullptr;
+  if (owner == 0) {
     // The first job of this process.
     try {
       std::thread([this] { Run(); }).detach();
@@ -81,15 +82,9 @@ inline void TouchPage(const uint8_t* p) {
 }  // namespace
 
 void Prefaulter::Run() {
-  // Idle priority: faulting ahead is worth only a CPU nothing else wants. Any other thread that
-  // wakes takes the CPU from it at once (at nice 19 it kept its slice, and the application's or
-  // the worker's own requests waited behind it: creates of large buffers took up to 8 ms
-  // instead of 0.1 ms on 2 cores). It holds no lock anyone else waits for long: a fault holds
-  // its mapping's lock, which only the mapping's unmap (after Stop()) wants.
-  sched_param idle{};
-  if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle) != 0) {
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
-  }
+  // Normal priority, but the CPU is given up after every 64 KiB (below): a thread that wakes
+  // for a request waits for one chunk at most. (At idle priority a Stop() could wait long for a
+  // thread starved mid-chunk on a busy host; at nice 19 the thread kept its slice, 4-8 ms.)
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -101,7 +96,7 @@ void Prefaulter::Run() {
       job->busy = true;
       lock.unlock();
       // Every page [at, at + n) overlaps, from the last: one byte a page apart, then `at`.
-      // A Stop() is seen within a page (the thread may be starved of CPU mid-chunk).
+      // A Stop() is seen within a page.
       bool stopped = false;
       for (const uint8_t* q = at + n - 1;; q -= page) {
         if (job->stopping.load(std::memory_order_relaxed)) {

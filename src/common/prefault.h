@@ -11,11 +11,14 @@
 // cores. A read fault on a shared file mapping maps the page writable (shmem asks for no write
 // notification), so the application's writes then fault no more; nothing is written, so the
 // race with the application changes no byte. Faults, unlike MADV_POPULATE_WRITE, do not take
-// the process's mmap lock (per-VMA locks), which made the process's own mmap() calls (the next
-// buffer's) wait for milliseconds behind a populating thread.
+// the process's mmap lock on kernels with per-VMA locks for file-backed faults (Linux 6.7 and
+// later), which made the process's own mmap() calls (the next buffer's) wait for milliseconds
+// behind a populating thread; on older kernels each fault holds it for one page. A fault that
+// finds no memory is what the application's own touch would meet (SIGBUS under strict
+// overcommit, the OOM killer under a memory cgroup), for a page it might never have touched.
 //
 // One thread per process, started by the first job and serving them in order. Thread-safe.
-// In a forked child (no thread) Stop() returns at once.
+// In a forked child there is no thread: Start() returns null and Stop() returns at once.
 #pragma once
 
 #include <sys/types.h>

@@ -545,6 +545,10 @@ bool DecodeImageRegion(capnp::List<uint64_t>::Reader origin, capnp::List<uint64_
 
 }  // namespace
 
+namespace {
+uint64_t PrivateDataBytes();
+}  // namespace
+
 Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, CommandSink& sink,
                  SessionLimits limits)
     : core_(std::move(core)), backend_(backend), cl_(backend.cl()), sink_(sink),
@@ -573,6 +577,13 @@ Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Comm
   }
   residency_ = std::make_shared<Residency>(cl_, backend_.devices());
   sink_.AttachResidency(residency_);
+  // PrivateRoom's baseline: the worker's private data before the tenant made anything (taken
+  // later, it would hold the first transfer's staging for good).
+  if (rlimit lim{}; ::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    std::lock_guard<std::mutex> books_lock(storage_books_->mu);
+    storage_books_->base_private = PrivateDataBytes();
+    storage_books_->base_read = true;
+  }
 }
 
 uint64_t Session::MemoryView(uint32_t device) const {
@@ -753,8 +764,19 @@ std::shared_ptr<void> Session::PrivateRoom(uint64_t bytes, bool* fits) {
   *fits = true;
   if (b.data_limit == 0) return nullptr;  // no limit: nothing to book
   if (b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) {
-    *fits = false;
-    return nullptr;
+    // Released staging buffers kept for reuse count in VmData: given back, then measured again.
+    std::vector<KeptBuffers::Kept> dropping;
+    {
+      KeptBuffers& k = Kept();
+      std::lock_guard<std::mutex> kept_lock(k.mu);
+      dropping.swap(k.kept);
+    }
+    const bool dropped = !dropping.empty();
+    dropping.clear();
+    if (!dropped || b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) {
+      *fits = false;
+      return nullptr;
+    }
   }
   b.private_buffers += bytes;
   return std::shared_ptr<void>(nullptr, [books = storage_books_, bytes](void*) {
@@ -1004,6 +1026,11 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         if (!e.ok()) return e;
         flags |= CL_MEM_COPY_HOST_PTR;
       }
+      std::shared_ptr<MemCharge> charge;
+      if (Err e = ChargeMemory(ctx->devices, r.getSize(), true, charge); !e.ok()) {
+        if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
+        return e;
+      }
       std::shared_ptr<void> private_booking;
       if (!on_storage) {
         bool fits = true;
@@ -1015,11 +1042,6 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                       " bytes does not fit this tenant's worker memory limit "
                       "(worker_memory_bytes) with the memory it holds"};
         }
-      }
-      std::shared_ptr<MemCharge> charge;
-      if (Err e = ChargeMemory(ctx->devices, r.getSize(), true, charge); !e.ok()) {
-        if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
-        return e;
       }
       cl_int err = CL_SUCCESS;
       auto lock = residency_->Lock();
@@ -1072,6 +1094,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                        &region, &err);
       if (m == nullptr) return {err, "clCreateSubBuffer failed"};
       MemObj mo{Adopt(m), r.getSize()};
+      // The parent's memory lives as long as the sub-buffer does, released or not.
+      mo.private_booking = parent->private_booking;
       if (parent->alloc) {
         Residency::Allocation a;
         a.kind = Residency::Kind::kSubBuffer;
@@ -2412,19 +2436,22 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
       image_bytes = 0;  // the backend refuses it below
     }
   }
-  bool fits = true;
-  std::shared_ptr<void> private_booking = PrivateRoom(image_bytes, &fits);
-  if (!fits) {
-    if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
-    return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
-            "an image of " + std::to_string(image_bytes) +
-                " bytes does not fit this tenant's worker memory limit (worker_memory_bytes) "
-                "with the memory it holds"};
-  }
   std::shared_ptr<MemCharge> charge;
   if (Err e = ChargeMemory(ctx->devices, image_bytes, false, charge); !e.ok()) {
     if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
     return e;
+  }
+  std::shared_ptr<void> private_booking;
+  if (image_bytes != 0) {
+    bool fits = true;
+    private_booking = PrivateRoom(image_bytes, &fits);
+    if (!fits) {
+      if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
+      return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
+              "an image of " + std::to_string(image_bytes) +
+                  " bytes does not fit this tenant's worker memory limit (worker_memory_bytes) "
+                  "with the memory it holds"};
+    }
   }
   cl_int err = CL_SUCCESS;
   auto lock = residency_->Lock();
@@ -2440,7 +2467,9 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   if (m == nullptr) return {err, "clCreateImage failed"};
   MemObj mo;
   mo.charge = std::move(charge);
-  mo.private_booking = std::move(private_booking);
+  // An image on a buffer keeps the buffer's memory, released or not.
+  mo.private_booking =
+      on_buffer != nullptr ? on_buffer->private_booking : std::move(private_booking);
   mo.mem = Adopt(m);
   mo.image = true;
   mo.image_type = static_cast<uint32_t>(desc.image_type);

@@ -323,9 +323,10 @@ class Session {
     uint64_t bytes = 0, buffers = 0;
     bool limit_read = false;  // data_limit is read before the first buffer is booked
     uint64_t data_limit = 0;  // RLIMIT_DATA as the worker started (0: none)
-    // Buffers made in the worker's own memory and not released, and the private data in use
-    // (VmData) when the first was made: the backend may allocate a buffer's memory only at its
-    // first use, so VmData alone does not show them yet.
+    // Buffers made in the worker's own memory and not released (with their sub-buffers and
+    // images on them), and the private data in use (VmData) when the session began: the
+    // backend may allocate a buffer's memory only at its first use, so VmData alone does not
+    // show them yet.
     uint64_t private_buffers = 0;
     uint64_t base_private = 0;
     bool base_read = false;

@@ -45,7 +45,8 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
     }
   }
   // A new large mapping is faulted in by a thread of its own while this one goes on (a
-  // released buffer's memory is in place already).
+  // released buffer's memory is mostly in place already: what its job did not reach faults in
+  // where it is touched).
   std::shared_ptr<Prefaulter::Job> prefault;
   if (fresh && size >= Prefaulter::kMinBytes) {
     prefault = Prefaulter::Get().Start(storage.map, size);

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "icd/connection.h"
 #include "common/prefault.h"
+#include "icd/connection.h"
 
 namespace gmux::icd {
 

@@ -1339,9 +1339,11 @@ TEST_F(IsolationTest, ALoneTenantRunsByExpressAndTenantsTogetherStillGetCorrectR
 
 // ---- worker resource limits from the config ----
 
-// Allocates and fills 64 MiB buffers until a call fails or 1.5 GiB are held. Exit 0: a call
-// failed (an OpenCL error, or the connection lost with its worker) before 1 GiB was held;
-// 1: at least 1 GiB was held; 50+: set-up failed. Sends 1 once its first buffer is written.
+// Allocates and fills 64 MiB buffers until a call fails or 1.5 GiB are held, then releases them
+// and makes five 48 MiB buffers. Exit 0: a call failed with an allocation error before 1 GiB was
+// held and the five buffers fit afterwards; 1: at least 1 GiB was held; 2: the five buffers did
+// not fit; 3: the failure was not an allocation error (the session lost with its worker, say);
+// 50+: set-up failed. Sends 1 once its first buffer is written.
 int MemoryHog(Channel& ch) {
   GmuxDevice d;
   if (!OpenGmux(d)) return 50;
@@ -1373,6 +1375,12 @@ int MemoryHog(Channel& ch) {
       std::vector<char> back(kAgain);
       for (int i = 0; i < 5; ++i) {  // 240 MiB, under half of the limit
         cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kAgain, nullptr, &err);
+        // The released buffers' memory goes back as the backend lets go of them, which may
+        // follow clFinish's answer: the first create may wait for it (10 s at most).
+        for (int wait = 0; i == 0 && a == nullptr && wait < 100; ++wait) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kAgain, nullptr, &err);
+        }
         if (a != nullptr) {
           err = clEnqueueWriteBuffer(d.queue, a, CL_TRUE, 0, kAgain, host.data(), 0, nullptr,
                                      nullptr);
@@ -1417,8 +1425,8 @@ std::pair<long long, long long> DataAndFileLimits(pid_t pid) {
 
 // A tenant's worker runs under the RLIMIT_DATA and RLIMIT_NOFILE of its [limits]: a tenant that
 // allocates past its memory limit gets errors, never the host's memory, can allocate again once
-// it released what it held, and another tenant goes on. Not under sanitizers: their shadow memory alone is past any
-// RLIMIT_DATA, so an instrumented worker could not allocate at all.
+// it released what it held, and another tenant goes on. Not under sanitizers: their shadow
+// memory alone is past any RLIMIT_DATA, so an instrumented worker could not allocate at all.
 TEST_F(IsolationTest, WorkerResourceLimitsBoundATenantsMemory) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "RLIMIT_DATA cannot be combined with a sanitizer's shadow memory";
