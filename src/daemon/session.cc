@@ -579,10 +579,10 @@ Session::Session(std::shared_ptr<SessionCore> core, const Backend& backend, Comm
   sink_.AttachResidency(residency_);
   // PrivateRoom's baseline: the worker's private data before the tenant made anything (taken
   // later, it would hold the first transfer's staging for good).
-  if (rlimit lim{}; ::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+  {
     std::lock_guard<std::mutex> books_lock(storage_books_->mu);
-    storage_books_->base_private = PrivateDataBytes();
-    storage_books_->base_read = true;
+    storage_books_->ReadLimitLocked();
+    if (storage_books_->data_limit != 0) storage_books_->base_private = PrivateDataBytes();
   }
 }
 
@@ -749,20 +749,14 @@ void Session::StorageBooks::ReadLimitLocked() {
 }
 
 uint64_t Session::StorageBooks::PrivateInUseLocked() {
-  const uint64_t now = PrivateDataBytes();
-  if (!base_read) {
-    base_private = now;
-    base_read = true;
-  }
-  return std::max(now, base_private + private_buffers);
+  return std::max(PrivateDataBytes(), base_private + private_buffers);
 }
 
-std::shared_ptr<void> Session::PrivateRoom(uint64_t bytes, bool* fits) {
+Session::Err Session::PrivateRoom(uint64_t bytes, const char* what,
+                                  std::shared_ptr<void>* booking) {
   std::lock_guard<std::mutex> lock(storage_books_->mu);
   StorageBooks& b = *storage_books_;
-  b.ReadLimitLocked();
-  *fits = true;
-  if (b.data_limit == 0) return nullptr;  // no limit: nothing to book
+  if (b.data_limit == 0) return {};  // no limit: nothing to book
   if (b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) {
     // Released staging buffers kept for reuse count in VmData: given back, then measured again.
     std::vector<KeptBuffers::Kept> dropping;
@@ -774,15 +768,18 @@ std::shared_ptr<void> Session::PrivateRoom(uint64_t bytes, bool* fits) {
     const bool dropped = !dropping.empty();
     dropping.clear();
     if (!dropped || b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) {
-      *fits = false;
-      return nullptr;
+      return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
+              std::string(what) + " of " + std::to_string(bytes) +
+                  " bytes does not fit this tenant's worker memory limit (worker_memory_bytes) "
+                  "with the memory it holds"};
     }
   }
   b.private_buffers += bytes;
-  return std::shared_ptr<void>(nullptr, [books = storage_books_, bytes](void*) {
+  *booking = std::shared_ptr<void>(nullptr, [books = storage_books_, bytes](void*) {
     std::lock_guard<std::mutex> held(books->mu);
     books->private_buffers -= bytes;
   });
+  return {};
 }
 
 Session::~Session() {
@@ -1033,14 +1030,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       std::shared_ptr<void> private_booking;
       if (!on_storage) {
-        bool fits = true;
-        private_booking = PrivateRoom(r.getSize(), &fits);
-        if (!fits) {
+        if (Err e = PrivateRoom(r.getSize(), "a buffer", &private_booking); !e.ok()) {
           if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
-          return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
-                  "a buffer of " + std::to_string(r.getSize()) +
-                      " bytes does not fit this tenant's worker memory limit "
-                      "(worker_memory_bytes) with the memory it holds"};
+          return e;
         }
       }
       cl_int err = CL_SUCCESS;
@@ -2443,14 +2435,9 @@ Session::Err Session::CreateImage(wire::CreateImage::Reader r) {
   }
   std::shared_ptr<void> private_booking;
   if (image_bytes != 0) {
-    bool fits = true;
-    private_booking = PrivateRoom(image_bytes, &fits);
-    if (!fits) {
+    if (Err e = PrivateRoom(image_bytes, "an image", &private_booking); !e.ok()) {
       if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
-      return {CL_MEM_OBJECT_ALLOCATION_FAILURE,
-              "an image of " + std::to_string(image_bytes) +
-                  " bytes does not fit this tenant's worker memory limit (worker_memory_bytes) "
-                  "with the memory it holds"};
+      return e;
     }
   }
   cl_int err = CL_SUCCESS;

@@ -328,8 +328,7 @@ class Session {
     // backend may allocate a buffer's memory only at its first use, so VmData alone does not
     // show them yet.
     uint64_t private_buffers = 0;
-    uint64_t base_private = 0;
-    bool base_read = false;
+    uint64_t base_private = 0;  // read when the session begins, if there is a limit
     // Reads data_limit once (mu held).
     void ReadLimitLocked();
     // The worker's private memory in use or promised to buffers, to count against data_limit
@@ -342,11 +341,12 @@ class Session {
   // Books `bytes` more on shared memory when they fit; false to make the buffer in the
   // worker's own memory.
   bool StorageRoom(uint64_t bytes);
-  // Books a buffer of `bytes` in the worker's own memory when it fits the worker's memory limit
-  // (worker_memory_bytes) with everything else; the booking ends when the returned handle goes.
-  // Null when it does not fit: PoCL allocates at a buffer's first use and aborts the process
-  // when that fails, so such a buffer is refused when it is made.
-  std::shared_ptr<void> PrivateRoom(uint64_t bytes, bool* fits);
+  // Books `what` ("a buffer", "an image") of `bytes` in the worker's own memory when it fits the
+  // worker's memory limit (worker_memory_bytes) with everything else; the booking, in
+  // `*booking` (left null without a limit), ends when that handle goes. Otherwise
+  // CL_MEM_OBJECT_ALLOCATION_FAILURE: PoCL allocates at a buffer's first use and aborts the
+  // process when that fails, so such a buffer is refused when it is made.
+  Err PrivateRoom(uint64_t bytes, const char* what, std::shared_ptr<void>* booking);
 };
 
 // Whether device `i` is a pool device the tenant does not see (every one but the lowest).
