@@ -119,6 +119,8 @@ struct Assign {
   // memory only when it can read `probe_cookie` at `probe` in the process `peer_pid`.
   uint64_t probe = 0;
   uint64_t probe_cookie = 0;
+  uint32_t data_frames = 0;  // 1: the client reads a read's data as data frames (proto/frame.h)
+  uint32_t reserved = 0;
 };
 
 struct Ready {

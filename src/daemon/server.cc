@@ -856,6 +856,7 @@ bool Server::OnFrame(Pending& p) {
       renderer = req.getHello().getRenderer();
       p.probe = req.getHello().getProbe();
       p.probe_cookie = req.getHello().getProbeCookie();
+      p.data_frames = req.getHello().getDataFrames();
     }
   })) {
     ReplyError(p.fd, 0, "gmuxd: malformed hello");
@@ -1339,6 +1340,7 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
   a.rlimit_nofile = p->tenant.limits.worker_open_files;
   std::strncpy(a.tenant_name, p->tenant.name.c_str(), sizeof(a.tenant_name) - 1);
   a.pool_mask = pool_mask_;
+  a.data_frames = p->data_frames ? 1 : 0;
   if (!p->tcp) {
     a.peer_pid = static_cast<uint32_t>(p->pid);
     a.probe = p->probe;

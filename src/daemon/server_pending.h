@@ -20,6 +20,7 @@ struct Server::Pending {
   pid_t pid = 0;           // a Unix peer's pid (SO_PEERCRED)
   uint64_t probe = 0;      // the hello's remote-copy probe (wire::Hello), handed to the worker
   uint64_t probe_cookie = 0;
+  bool data_frames = false;  // the hello's dataFrames: the client reads data frames
   uint64_t slurm_job = 0;  // the Slurm job of a Unix peer (slurm.h), 0 when none
   std::string identity;  // "uid:N" or "token:T"; counted in identity_conns_ when non-empty
   std::string origin;    // who it is before hello: "uid:N", or the TCP peer's address

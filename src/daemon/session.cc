@@ -181,6 +181,13 @@ void SessionCore::SendFromWriter(capnp::MessageBuilder& message) {
   proto::WriteFrame(fd, proto::FrameKind::kReply, message, limits).IgnoreError();
 }
 
+void SessionCore::SendDataFromWriter(uint64_t seq, uint64_t offset, const uint8_t* data,
+                                     size_t n, bool last) {
+  if (closed.load()) return;
+  proto::WriteDataFrame(fd, {seq, offset, static_cast<uint32_t>(n), last}, data, limits)
+      .IgnoreError();
+}
+
 void SessionCore::WriterLoop() {
   std::unique_lock<std::mutex> lock(out_mu_);
   for (;;) {
@@ -822,8 +829,33 @@ std::vector<uint64_t> Session::ExpandPool(std::vector<uint64_t> devices) const {
   return devices;
 }
 
+uint8_t* Session::BulkSink::Place(const proto::DataFrame& f) {
+  Session& s = *s_;
+  if (f.id != 0 && f.id == s.refused_bulk_) return nullptr;  // already refused
+  auto it = s.bulk_.find(f.id);
+  if (it == s.bulk_.end()) {
+    s.core_->SendStatus(0, CL_INVALID_VALUE, "unknown bulk token id " + std::to_string(f.id));
+    return nullptr;
+  }
+  Bulk& bulk = *it->second;
+  if (f.offset != bulk.filled || f.bytes > bulk.bytes.size() - f.offset) {
+    s.core_->bulk_bytes.fetch_sub(bulk.bytes.staged());
+    s.bulk_.erase(it);
+    s.RefuseBulk(0, f.id, {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"});
+    return nullptr;
+  }
+  // An empty chunk has no bytes to point at (and a transfer of 0 bytes no buffer).
+  return f.bytes == 0 ? nullptr : bulk.bytes.data() + f.offset;
+}
+
+void Session::BulkSink::Placed(const proto::DataFrame& f, bool complete) {
+  auto it = s_->bulk_.find(f.id);
+  if (complete && it != s_->bulk_.end()) it->second->filled += f.bytes;
+}
+
 Status Session::Serve() {
   proto::FrameReader reader(core_->fd, proto::FrameKind::kRequest, core_->limits);
+  reader.SetDataSink(&bulk_sink_);
   for (;;) {
     if (passed_fd_ >= 0) ::close(passed_fd_);  // a descriptor no request took
     passed_fd_ = -1;
@@ -2312,6 +2344,12 @@ std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> c
         size_t at = 0;
         do {
           size_t n = std::min(proto::kBulkChunkBytes, staging->size() - at);
+          if (c->data_frames) {
+            // Raw: the client receives the bytes straight into the application's memory.
+            c->SendDataFromWriter(seq, at, staging->data() + at, n, at + n == staging->size());
+            at += n;
+            continue;
+          }
           capnp::MallocMessageBuilder b;
           auto rep = b.initRoot<wire::Reply>();
           rep.setSeq(seq);
@@ -2700,6 +2738,7 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setSession(session);
   h.setRemoteCopy(remote_copy);
   h.setBufferStorage(true);
+  h.setDataFrames(true);
   const auto& devs = backend.devices();
   // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).
   std::vector<unsigned> shown;

@@ -95,6 +95,7 @@ struct SessionCore {
   uint64_t pool_mask = 0;  // the pool's devices (bit i: device i); the tenant sees the lowest
   // Set when the worker may copy straight from and to the client's memory (remote_copy.h).
   std::shared_ptr<RemoteCopier> remote;
+  bool data_frames = false;  // the client reads a read's data as data frames (proto/frame.h)
   proto::FrameLimits limits;
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session
@@ -119,6 +120,10 @@ struct SessionCore {
   void Defer(std::function<void()> write);
   // Sends one frame, waiting as long as the client takes: only inside a Defer()red function.
   void SendFromWriter(capnp::MessageBuilder& message);
+  // Sends `n` bytes of the read `seq` answers as a data frame (proto/frame.h), from where they
+  // lie: only inside a Defer()red function, for a client that reads data frames.
+  void SendDataFromWriter(uint64_t seq, uint64_t offset, const uint8_t* data, size_t n,
+                          bool last);
   // Marks the session closed: nothing more is sent, and a writer waiting on the client stops.
   void Close();
 
@@ -295,6 +300,17 @@ class Session {
   // reported on its own (as an unasked error it would fail the client's next clFinish too).
   uint64_t refused_bulk_ = 0;
   Err refused_bulk_err_;
+  // Bulk data that arrives as data frames goes straight into its staging buffer.
+  class BulkSink : public proto::DataSink {
+   public:
+    explicit BulkSink(Session* s) : s_(s) {}
+    uint8_t* Place(const proto::DataFrame& f) override;
+    void Placed(const proto::DataFrame& f, bool complete) override;
+
+   private:
+    Session* s_;
+  };
+  BulkSink bulk_sink_{this};
   // Commands decoded but not yet handed to the scheduler: while more requests are already
   // waiting in the socket, commands are handed over together (one hand-over per batch).
   std::vector<std::shared_ptr<Command>> to_submit_;

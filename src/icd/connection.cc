@@ -223,6 +223,9 @@ Connection* Connection::Connect() {
   if (tcp) h.setToken(token);
   const char* shm_env = std::getenv("GMUX_SHM");
   const bool no_shm = shm_env != nullptr && std::strcmp(shm_env, "0") == 0;
+  const char* frames_env = std::getenv("GMUX_DATA_FRAMES");
+  const bool data_frames = frames_env == nullptr || std::strcmp(frames_env, "0") != 0;
+  h.setDataFrames(data_frames);
   if (!tcp && !no_shm && OfferRemoteCopy(fd)) {
     h.setProbe(reinterpret_cast<uintptr_t>(&remote_probe));
     h.setProbeCookie(remote_probe);
@@ -262,6 +265,7 @@ Connection* Connection::Connect() {
     conn->tenant_ = rep.getHello().getTenant();
     conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
     conn->storage_enabled_ = !tcp && rep.getHello().getBufferStorage();
+    conn->data_frames_ = data_frames && rep.getHello().getDataFrames();
     conn->hello_pid_ = ::getpid();
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
@@ -284,6 +288,8 @@ Connection* Connection::Connect() {
   conn->fd_ = fd;
   conn->replies_ =
       std::make_unique<proto::FrameReader>(fd, proto::FrameKind::kReply, ReplyLimits());
+  // Offered in the hello: an older worker that does not know them sends none.
+  if (data_frames) conn->replies_->SetDataSink(&conn->read_sink_);
   // Descriptors cannot cross TCP: bulk data goes inline there.
   // GMUX_SHM=0: every byte inline in the stream (no shared memory, no remote copy either).
   if (const char* e = std::getenv("GMUX_SHM"); tcp || (e != nullptr && std::strcmp(e, "0") == 0)) {
@@ -679,6 +685,11 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
   const auto* p = static_cast<const uint8_t*>(data);
   for (size_t at = 0; at < size; at += proto::kBulkChunkBytes) {
     size_t n = std::min(proto::kBulkChunkBytes, size - at);
+    if (data_frames_) {
+      // Raw, from the application's memory: the worker receives it into its staging buffer.
+      if (PostData(token, at, p + at, n) != CL_SUCCESS) return 0;
+      continue;
+    }
     capnp::MallocMessageBuilder b;
     auto bd = b.initRoot<wire::Request>().initBulkData();
     bd.setToken(token);
@@ -694,6 +705,20 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
     if (Post(b) != CL_SUCCESS) return 0;
   }
   return token;
+}
+
+cl_int Connection::PostData(uint64_t token, uint64_t offset, const uint8_t* data, size_t n) {
+  if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (dead_.load()) return CL_DEVICE_NOT_AVAILABLE;
+  // Anything batched goes first, so frames keep their order.
+  if (!batch_.empty()) {
+    bool ok = SendAll(fd_, batch_.data(), batch_.size());
+    batch_.clear();
+    if (!ok) return CL_DEVICE_NOT_AVAILABLE;
+  }
+  Status s = proto::WriteDataFrame(fd_, {token, offset, static_cast<uint32_t>(n), false}, data);
+  return s.ok() ? CL_SUCCESS : CL_DEVICE_NOT_AVAILABLE;
 }
 
 uint64_t Connection::SendShm(const ShmBuffer& buffer, size_t size) {
@@ -726,12 +751,79 @@ cl_int Connection::TakeAsyncError() {
   return e;
 }
 
+uint8_t* Connection::ReadSink::Place(const proto::DataFrame& f) {
+  Connection& c = *c_;
+  std::function<void(cl_int)> cb;
+  cl_int cb_status = CL_SUCCESS;
+  uint8_t* to = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(c.mu_);
+    auto it = c.pending_.find(f.id);
+    if (it == c.pending_.end() || it->second.done) return nullptr;  // nobody waits for it
+    Pending& p = it->second;
+    // Never trust the daemon's offsets either.
+    if (p.dst != nullptr && f.offset <= p.size && f.bytes <= p.size - f.offset) {
+      p.receiving = true;
+      return p.dst + f.offset;
+    }
+    p.status = CL_OUT_OF_RESOURCES;
+    if (f.last) c.CompleteLocked(it, &cb, &cb_status);
+  }
+  if (cb) c.Deliver(std::move(cb), cb_status);
+  return to;
+}
+
+void Connection::ReadSink::Placed(const proto::DataFrame& f, bool complete) {
+  Connection& c = *c_;
+  std::function<void(cl_int)> cb;
+  cl_int cb_status = CL_SUCCESS;
+  {
+    std::lock_guard<std::mutex> lock(c.mu_);
+    auto it = c.pending_.find(f.id);
+    if (it == c.pending_.end()) return;
+    it->second.receiving = false;
+    // Incomplete: the reader goes on to Disconnected(), which answers every waiter.
+    if (complete && f.last) {
+      c.CompleteLocked(it, &cb, &cb_status);
+    } else if (c.waiters_ > 1 || (c.waiters_ == 1 && !c.reader_is_waiter_)) {
+      c.cv_.notify_all();  // a waiter may be waiting for the bytes to be in
+    }
+  }
+  if (cb) c.Deliver(std::move(cb), cb_status);
+}
+
+void Connection::CompleteLocked(std::map<uint64_t, Pending>::iterator it,
+                                std::function<void(cl_int)>* cb, cl_int* cb_status) {
+  Pending& p = it->second;
+  if (p.release.valid()) {
+    ReleaseShm(p.release, /*in_flight=*/true);
+    p.release = {};
+  }
+  p.done = true;
+  if (p.on_reply) {
+    *cb = std::move(p.on_reply);
+    *cb_status = p.status;
+    pending_.erase(it);
+    --async_pending_;
+  }
+  // A waiter other than the reader: woken for its reply.
+  if (waiters_ > 1 || (waiters_ == 1 && !reader_is_waiter_)) cv_.notify_all();
+}
+
+void Connection::Deliver(std::function<void(cl_int)> cb, cl_int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  callbacks_.push_back([cb = std::move(cb), status] { cb(status); });
+  callbacks_cv_.notify_one();
+}
+
 bool Connection::ReadOne() {
-  auto msg = replies_->Next(nullptr);
-  if (!msg.ok()) {
+  auto next = replies_->NextOrData(nullptr);
+  if (!next.ok()) {
     Disconnected();
     return false;
   }
+  if (!next->has_value()) return true;  // a data frame: its sink has done the rest
+  proto::Message* msg = &**next;
   std::function<void(cl_int)> cb;
   cl_int cb_status = CL_SUCCESS;
   bool bad = false;
@@ -774,17 +866,8 @@ bool Connection::ReadOne() {
       p.release = {};
     }
     if (!complete) return;
-    p.done = true;
-    if (p.on_reply) {
-      cb = std::move(p.on_reply);
-      cb_status = p.status;
-      pending_.erase(it);
-      --async_pending_;
-    } else if (!rep.isReadData() && !rep.isNone()) {
-      p.reply = std::move(*msg);
-    }
-    // A waiter other than the reader: woken for its reply.
-    if (waiters_ > 1 || (waiters_ == 1 && !reader_is_waiter_)) cv_.notify_all();
+    if (!p.on_reply && !rep.isReadData() && !rep.isNone()) p.reply = std::move(*msg);
+    CompleteLocked(it, &cb, &cb_status);
   })) {
     bad = true;
   }
@@ -792,11 +875,7 @@ bool Connection::ReadOne() {
     Disconnected();
     return false;
   }
-  if (cb) {
-    std::lock_guard<std::mutex> lock(mu_);
-    callbacks_.push_back([cb = std::move(cb), cb_status] { cb(cb_status); });
-    callbacks_cv_.notify_one();
-  }
+  if (cb) Deliver(std::move(cb), cb_status);
   return true;
 }
 
@@ -842,7 +921,7 @@ void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
   ++waiters_;
   for (;;) {
     auto it = pending_.find(seq);
-    if (it == pending_.end() || it->second.done) break;
+    if (it == pending_.end() || (it->second.done && !it->second.receiving)) break;
     if (!reading_ && !dead_) {
       reading_ = true;
       reader_is_waiter_ = true;

@@ -189,6 +189,19 @@ class Connection {
   // CL_DEVICE_NOT_AVAILABLE). Called by the one thread that holds `reading_`.
   bool ReadOne();
   void Disconnected();
+  // A read's data arriving as data frames (proto/frame.h) goes straight to its destination.
+  class ReadSink : public proto::DataSink {
+   public:
+    explicit ReadSink(Connection* c) : c_(c) {}
+    uint8_t* Place(const proto::DataFrame& f) override;
+    void Placed(const proto::DataFrame& f, bool complete) override;
+
+   private:
+    Connection* c_;
+  };
+  ReadSink read_sink_{this};
+  // Sends one chunk of bulk data as a data frame, in stream order (after any batch).
+  cl_int PostData(uint64_t token, uint64_t offset, const uint8_t* data, size_t n);
   // Waits (mu_ held) until the reply to `seq` came, reading the socket meanwhile if no other
   // thread does.
   void AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq);
@@ -207,7 +220,13 @@ class Connection {
     std::function<void(cl_int)> on_reply;
     ShmBuffer shm;  // a buffer to copy from (into dst) and release when the reply comes
     ShmBuffer release;  // a buffer the request consumed, released when the reply comes
+    bool receiving = false;  // a data frame is being read into dst: nobody returns meanwhile
   };
+  // The reply to `it` is all there (mu_ held): done, its callback (if any) into `*cb`.
+  void CompleteLocked(std::map<uint64_t, Pending>::iterator it, std::function<void(cl_int)>* cb,
+                      cl_int* cb_status);
+  // Hands a reply's callback to the callback thread (mu_ not held).
+  void Deliver(std::function<void(cl_int)> cb, cl_int status);
   // A buffer now goes with a request in flight; the reader releases it (ReleaseShm(b, true)).
   void HeldInFlight(const ShmBuffer& buffer);
   // Pooled shared memory kept for reuse: the most recently released buffers up to
@@ -231,6 +250,8 @@ class Connection {
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
+  // The worker takes bulk data as data frames (and sends a read's so); GMUX_DATA_FRAMES=0 says no.
+  bool data_frames_ = false;
   // The worker knows buffers on shared memory; GMUX_BUFFER_STORAGE=0 turns them off.
   bool storage_enabled_ = false;
   // Whether the worker may still copy for this process: not once the process forked (a child

@@ -189,7 +189,8 @@ Result<FrameHeader> DecodeHeader(std::span<const uint8_t> bytes, const FrameLimi
   }
   uint16_t kind = LoadU16(p + 6);
   if (kind != static_cast<uint16_t>(FrameKind::kRequest) &&
-      kind != static_cast<uint16_t>(FrameKind::kReply)) {
+      kind != static_cast<uint16_t>(FrameKind::kReply) &&
+      kind != static_cast<uint16_t>(FrameKind::kData)) {
     return InvalidArgument("unknown frame kind " + std::to_string(kind));
   }
   h.kind = static_cast<FrameKind>(kind);
@@ -384,6 +385,30 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes) {
   return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
 }
 
+Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data, const FrameLimits& limits) {
+  const size_t padded = (static_cast<size_t>(f.bytes) + 7) / 8 * 8;
+  const size_t payload = kDataPrefixBytes + padded;
+  if (payload > limits.max_payload_bytes) {
+    return ResourceExhausted("data frame of " + std::to_string(payload) +
+                             " bytes exceeds the frame limit");
+  }
+  uint8_t head[kHeaderBytes + kDataPrefixBytes] = {};
+  EncodeHeader({kProtocolVersion, FrameKind::kData, static_cast<uint32_t>(payload)}, head);
+  uint8_t* prefix = head + kHeaderBytes;
+  StoreU32(prefix, static_cast<uint32_t>(f.id));
+  StoreU32(prefix + 4, static_cast<uint32_t>(f.id >> 32));
+  StoreU32(prefix + 8, static_cast<uint32_t>(f.offset));
+  StoreU32(prefix + 12, static_cast<uint32_t>(f.offset >> 32));
+  StoreU32(prefix + 16, f.bytes);
+  StoreU32(prefix + 20, f.last ? 1u : 0u);
+  static constexpr uint8_t kZeros[8] = {};
+  std::vector<iovec> iov = {{head, sizeof(head)}};
+  if (f.bytes != 0) iov.push_back({const_cast<uint8_t*>(data), f.bytes});
+  if (padded != f.bytes) iov.push_back({const_cast<uint8_t*>(kZeros), padded - f.bytes});
+  size_t first = 0;
+  return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
+}
+
 Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits,
                           FrameHeader* header_out, int* fd_out) {
   uint8_t hdr[kHeaderBytes];
@@ -469,7 +494,88 @@ int FrameReader::TakeFd(uint64_t at, uint64_t bytes) {
   return out;
 }
 
+bool FrameReader::Take(uint8_t* to, size_t n, Status& error, bool& told,
+                       const std::function<void()>& before_wait) {
+  uint8_t drop[4096];
+  auto dest = [&](size_t at) { return to != nullptr ? to + at : drop; };
+  auto step = [&](size_t at) { return to != nullptr ? n - at : std::min(n - at, sizeof(drop)); };
+  size_t at = std::min(n, buffered());
+  if (to != nullptr && at != 0) std::memcpy(to, buf_.data() + begin_, at);
+  begin_ += at;
+  offset_ += at;
+  // The rest straight from the socket: what it has now, then (after before_wait) waiting.
+  // A descriptor that comes with these bytes belongs to no frame: closed.
+  auto close_passed = [](int passed, size_t) { ::close(passed); };
+  while (at < n) {
+    Result<size_t> r = RecvSome(fd_, dest(at), step(at), Wait::kNo, timeout_ms_,
+                                close_passed);
+    if (!r.ok()) {
+      error = r.status();
+      return false;
+    }
+    if (*r == kNothingYet) {
+      if (before_wait && !told) {
+        told = true;
+        before_wait();
+      }
+      r = RecvSome(fd_, dest(at), step(at), Wait::kPollFirst, timeout_ms_,
+                   close_passed);
+      if (!r.ok()) {
+        error = r.status();
+        return false;
+      }
+    }
+    if (*r == 0) return false;
+    at += *r;
+    offset_ += *r;
+  }
+  return true;
+}
+
+Status FrameReader::TakeData(uint32_t payload_bytes, bool& told,
+                             const std::function<void()>& before_wait) {
+  Status error = Status::Ok();
+  const uint64_t at = offset_;
+  if (payload_bytes < kDataPrefixBytes) return DataLoss("data frame shorter than its prefix");
+  uint8_t head[kHeaderBytes + kDataPrefixBytes];
+  if (!Take(head, sizeof(head), error, told, before_wait)) {
+    return error.ok() ? DataLoss("connection closed inside a frame payload") : error;
+  }
+  const uint8_t* p = head + kHeaderBytes;
+  DataFrame f;
+  f.id = LoadU32(p) | static_cast<uint64_t>(LoadU32(p + 4)) << 32;
+  f.offset = LoadU32(p + 8) | static_cast<uint64_t>(LoadU32(p + 12)) << 32;
+  f.bytes = LoadU32(p + 16);
+  const uint32_t flags = LoadU32(p + 20);
+  const size_t padded = payload_bytes - kDataPrefixBytes;
+  if ((static_cast<size_t>(f.bytes) + 7) / 8 * 8 != padded) {
+    return DataLoss("data frame length " + std::to_string(f.bytes) +
+                    " does not match its payload of " + std::to_string(payload_bytes) + " bytes");
+  }
+  if ((flags & ~1u) != 0) return DataLoss("unknown data frame flags");
+  f.last = (flags & 1u) != 0;
+  uint8_t* to = sink_->Place(f);
+  bool ok = Take(to, f.bytes, error, told, before_wait);
+  if (to != nullptr) sink_->Placed(f, ok);
+  uint8_t pad[8];
+  if (ok) ok = Take(pad, padded - f.bytes, error, told, before_wait);
+  if (!ok) return error.ok() ? DataLoss("connection closed inside a frame payload") : error;
+  if (!passed_.empty()) {
+    int passed = TakeFd(at, kHeaderBytes + payload_bytes);
+    if (passed >= 0) ::close(passed);  // descriptors never go with data
+  }
+  return Status::Ok();
+}
+
 Result<Message> FrameReader::Next(int* fd_out, const std::function<void()>& before_wait) {
+  for (;;) {
+    GMUX_ASSIGN_OR_RETURN(std::optional<Message> m, NextOrData(fd_out, before_wait));
+    if (m) return std::move(*m);
+  }
+}
+
+Result<std::optional<Message>> FrameReader::NextOrData(int* fd_out,
+                                                       const std::function<void()>& before_wait) {
   if (fd_out != nullptr) *fd_out = -1;
   Status error = Status::Ok();
   bool eof = false;
@@ -493,6 +599,10 @@ Result<Message> FrameReader::Next(int* fd_out, const std::function<void()>& befo
   }
   GMUX_ASSIGN_OR_RETURN(FrameHeader h,
                         DecodeHeader({buf_.data() + begin_, kHeaderBytes}, limits_));
+  if (h.kind == FrameKind::kData && sink_ != nullptr) {
+    GMUX_RETURN_IF_ERROR(TakeData(h.payload_bytes, told, before_wait));
+    return std::optional<Message>();
+  }
   if (h.kind != kind_) return InvalidArgument("unexpected frame kind");
   const uint64_t at = offset_;
   const size_t frame = kHeaderBytes + h.payload_bytes;
@@ -555,7 +665,8 @@ Result<Message> FrameReader::Next(int* fd_out, const std::function<void()>& befo
       ::close(passed);
     }
   }
-  return DecodePayload(kj::mv(words), kind_, limits_);
+  GMUX_ASSIGN_OR_RETURN(Message m, DecodePayload(kj::mv(words), kind_, limits_));
+  return std::optional<Message>(std::move(m));
 }
 
 }  // namespace gmux::proto

@@ -5,7 +5,8 @@
 //   offset  size  field
 //   0       4     magic "GMUX" (0x58554D47 as a little-endian u32)
 //   4       2     protocol version (kProtocolVersion)
-//   6       2     kind: 1 = Request (client to daemon), 2 = Reply (daemon to client)
+//   6       2     kind: 1 = Request (client to daemon), 2 = Reply (daemon to client), 3 = Data
+//                 (either way; only to a peer that said it reads them, see DataFrame)
 //   8       4     payload length in bytes: a multiple of 8, at most FrameLimits::max_payload_bytes
 //   12      4     reserved, must be 0
 //
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -37,7 +39,35 @@ inline constexpr uint32_t kDefaultMaxPayloadBytes = 32u << 20;
 // Bulk data is split into chunks of at most this size so a frame stays far below the limit.
 inline constexpr size_t kBulkChunkBytes = 4u << 20;
 
-enum class FrameKind : uint16_t { kRequest = 1, kReply = 2 };
+enum class FrameKind : uint16_t { kRequest = 1, kReply = 2, kData = 3 };
+
+// A data frame carries the raw bytes of one chunk of a bulk transfer, without a Cap'n Proto
+// message, so that its reader can receive them straight where they belong (a write's staging
+// buffer in the worker, a read's destination in the application) instead of into a message
+// and then copying them. Its payload: u64 id (a request's bulk token, or the seq of the read a
+// reply answers), u64 offset (into the transfer), u32 length, u32 flags (bit 0: the transfer's
+// last chunk; the other bits 0), then the bytes, zero-padded to a multiple of 8.
+inline constexpr size_t kDataPrefixBytes = 24;
+struct DataFrame {
+  uint64_t id = 0;
+  uint64_t offset = 0;
+  uint32_t bytes = 0;
+  bool last = false;
+};
+
+// Where a FrameReader puts the bytes of data frames. Called on the reading thread, one frame at
+// a time, Place before any of its bytes is read and, when Place gave memory, Placed after.
+class DataSink {
+ public:
+  virtual ~DataSink() = default;
+  // Writable memory for `f.bytes` bytes, or nullptr to drop them (the sink itself answers for
+  // a frame it refuses: an unknown id, an offset outside its transfer).
+  virtual uint8_t* Place(const DataFrame& f) = 0;
+  // The bytes are in (`complete`), or the stream broke after part of them (the reader then
+  // returns the error): either way the memory is the sink's again.
+  virtual void Placed(const DataFrame& f, bool complete) = 0;
+};
+
 
 struct FrameLimits {
   uint32_t max_payload_bytes = kDefaultMaxPayloadBytes;  // larger frames are rejected unread
@@ -106,6 +136,10 @@ Result<std::vector<uint8_t>> WriteFrameNow(int fd, FrameKind kind, capnp::Messag
                                            const FrameLimits& limits = {});
 // Sends `bytes` whole (blocking; MSG_NOSIGNAL).
 Status WriteAll(int fd, std::span<const uint8_t> bytes);
+// Sends a data frame of `f.bytes` bytes from `data` (blocking; MSG_NOSIGNAL, no copy of the
+// bytes). kResourceExhausted when it would exceed `limits`.
+Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data,
+                      const FrameLimits& limits = {});
 
 // Reads one frame. kUnavailable when the peer closed cleanly between frames, kDataLoss when it
 // closed mid-frame, and DecodeHeader/DecodePayload's errors otherwise. `header_out`, when given,
@@ -132,7 +166,15 @@ class FrameReader {
 
   // The next frame, with ReadFrame's errors. `fd_out` as ReadFrame's. `before_wait` runs once
   // each time no whole frame is buffered and the socket has nothing more: before sleeping.
+  // Data frames go to the sink on the way (without a sink they are an unexpected kind).
   Result<Message> Next(int* fd_out, const std::function<void()>& before_wait = nullptr);
+  // As Next, but returns nullopt after each data frame, for a reader that must look at what
+  // the sink did before it waits for more.
+  Result<std::optional<Message>> NextOrData(int* fd_out,
+                                            const std::function<void()>& before_wait = nullptr);
+  // Data frames are accepted from here on and their bytes given to `sink` (not owned; it
+  // outlives the reader's use).
+  void SetDataSink(DataSink* sink) { sink_ = sink; }
   // Whether Next() has a whole frame (or a header it will refuse) without reading the socket.
   bool HasFrame() const;
 
@@ -148,6 +190,12 @@ class FrameReader {
   size_t buffered() const { return end_ - begin_; }
   // The descriptor for the frame at stream offset `at` spanning `bytes`, or -1; stale ones closed.
   int TakeFd(uint64_t at, uint64_t bytes);
+  // Moves the next `n` bytes of the stream (the buffered ones first) to `to`, or drops them
+  // when `to` is null; false with `error` (or at the end of the stream) when they did not come.
+  bool Take(uint8_t* to, size_t n, Status& error, bool& told,
+            const std::function<void()>& before_wait);
+  // The data frame whose header (`payload_bytes` long) is buffered.
+  Status TakeData(uint32_t payload_bytes, bool& told, const std::function<void()>& before_wait);
 
   int fd_;
   FrameKind kind_;
@@ -157,6 +205,7 @@ class FrameReader {
   size_t begin_ = 0, end_ = 0;
   uint64_t offset_ = 0;  // stream offset of buf_[begin_]
   std::vector<Passed> passed_;
+  DataSink* sink_ = nullptr;
 };
 
 }  // namespace gmux::proto

@@ -117,6 +117,7 @@ struct Hello {
   # whether it may (same uid, the client dumpable, ptrace rules).
   probe @8 :UInt64;
   probeCookie @9 :UInt64;
+  dataFrames @10 :Bool;    # the client reads a read's data as data frames (proto/frame.h)
 }
 
 struct DeviceSummary {
@@ -132,6 +133,8 @@ struct HelloReply {
   devices @3 :List(DeviceSummary);
   remoteCopy @4 :Bool;     # the worker read the probe: WriteBuffer/ReadBuffer may name `remote`
   bufferStorage @5 :Bool;  # the worker knows CreateBuffer's `storage` (buffers on shared memory)
+  dataFrames @6 :Bool;     # the worker takes bulk data as data frames (proto/frame.h) and, when
+                           # the hello offered it, sends a read's data so
 }
 
 struct GetInfo {

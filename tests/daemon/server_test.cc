@@ -302,6 +302,123 @@ TEST_F(ServerTest, AbsurdSizesAreRefused) {
   EXPECT_EQ(c.CreateContext(5), 0) << "the session still works";
 }
 
+// Bulk data as data frames (proto/frame.h): odd lengths fill a write, a read comes back as
+// data frames to a client that offered to read them, and data frames naming an unknown token
+// or out of their transfer's order are errors for their sender, whose session goes on.
+TEST_F(ServerTest, DataFramesCarryTransfersAndMisplacedOnesAreErrors) {
+  RawClient c(socket());
+  {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Request>();
+    r.setSeq(1);
+    auto h = r.initHello();
+    h.setProtocolVersion(proto::kProtocolVersion);
+    h.setDataFrames(true);
+    ASSERT_TRUE(c.Send(b).ok());
+    auto m = c.Read();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_TRUE(m->root<wire::Reply>().isHello());
+    EXPECT_TRUE(m->root<wire::Reply>().getHello().getDataFrames());
+  }
+  ASSERT_EQ(c.CreateContext(1), 0);
+  ASSERT_EQ(c.CreateQueue(2, 1), 0);
+  ASSERT_EQ(c.CreateBuffer(3, 1, 200'000), 0);
+  std::vector<uint8_t> data(40);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 1);
+  capnp::MallocMessageBuilder bb;
+  auto begin = bb.initRoot<wire::Request>().initBulkBegin();
+  begin.setToken(10);
+  begin.setSize(40);
+  ASSERT_EQ(c.Call(bb), 0);
+  ASSERT_TRUE(proto::WriteDataFrame(c.fd(), {10, 0, 13, false}, data.data()).ok());
+  ASSERT_TRUE(proto::WriteDataFrame(c.fd(), {10, 13, 27, false}, data.data() + 13).ok());
+  capnp::MallocMessageBuilder wr;
+  auto we = wr.initRoot<wire::Request>().initEnqueue();
+  we.setQueue(2);
+  we.setEvent(20);
+  auto wb = we.initWriteBuffer();
+  wb.setMem(3);
+  wb.setOffset(8);
+  wb.setSize(40);
+  wb.setBulk(10);
+  ASSERT_TRUE(c.Send(wr).ok());  // seq 0: answered only on failure
+  capnp::MallocMessageBuilder rd;
+  auto re = rd.initRoot<wire::Request>();
+  re.setSeq(30);
+  auto ree = re.initEnqueue();
+  ree.setQueue(2);
+  ree.setEvent(21);
+  auto rb = ree.initReadBuffer();
+  rb.setMem(3);
+  rb.setOffset(8);
+  rb.setSize(100'000);  // above the size answered in one message
+  ASSERT_TRUE(c.Send(rd).ok());
+
+  struct Sink : proto::DataSink {
+    uint8_t* Place(const proto::DataFrame& f) override {
+      frames.push_back(f);
+      return f.offset + f.bytes <= bytes.size() ? bytes.data() + f.offset : nullptr;
+    }
+    void Placed(const proto::DataFrame&, bool) override {}
+    std::vector<proto::DataFrame> frames;
+    std::vector<uint8_t> bytes = std::vector<uint8_t>(100'000);
+  } sink;
+  proto::FrameReader reader(c.fd(), proto::FrameKind::kReply, {});
+  reader.SetDataSink(&sink);
+  auto got = reader.NextOrData(nullptr);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_FALSE(got->has_value()) << "a reply instead of the data: status "
+                                 << (*got)->root<wire::Reply>().getStatus();
+  ASSERT_EQ(sink.frames.size(), 1u);
+  EXPECT_EQ(sink.frames[0].id, 30u);
+  EXPECT_EQ(sink.frames[0].bytes, 100'000u);
+  EXPECT_TRUE(sink.frames[0].last);
+  EXPECT_EQ(std::vector<uint8_t>(sink.bytes.begin(), sink.bytes.begin() + 40), data);
+
+  // A data frame of a token never begun: an unasked error (seq 0).
+  ASSERT_TRUE(proto::WriteDataFrame(c.fd(), {999, 0, 8, false}, data.data()).ok());
+  auto unasked = reader.Next(nullptr);
+  ASSERT_TRUE(unasked.ok()) << unasked.status().ToString();
+  EXPECT_EQ(unasked->root<wire::Reply>().getSeq(), 0u);
+  EXPECT_EQ(unasked->root<wire::Reply>().getStatus(), CL_INVALID_VALUE);
+  EXPECT_NE(std::string(unasked->root<wire::Reply>().getMessage().cStr()).find("bulk token"),
+            std::string::npos);
+  // Out of order: the write naming the token is refused.
+  capnp::MallocMessageBuilder b2;
+  auto b2b = b2.initRoot<wire::Request>().initBulkBegin();
+  b2b.setToken(11);
+  b2b.setSize(16);
+  ASSERT_TRUE(c.Send(b2).ok());
+  ASSERT_TRUE(proto::WriteDataFrame(c.fd(), {11, 8, 8, false}, data.data()).ok());
+  capnp::MallocMessageBuilder w2;
+  auto w2r = w2.initRoot<wire::Request>();
+  w2r.setSeq(31);
+  auto w2e = w2r.initEnqueue();
+  w2e.setQueue(2);
+  w2e.setEvent(22);
+  auto w2b = w2e.initWriteBuffer();
+  w2b.setMem(3);
+  w2b.setSize(16);
+  w2b.setBulk(11);
+  ASSERT_TRUE(c.Send(w2).ok());
+  auto refused = reader.Next(nullptr);
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->root<wire::Reply>().getSeq(), 31u);
+  EXPECT_EQ(refused->root<wire::Reply>().getStatus(), CL_INVALID_VALUE);
+  // The session still works.
+  capnp::MallocMessageBuilder cc;
+  auto ccr = cc.initRoot<wire::Request>();
+  ccr.setSeq(32);
+  auto ccc = ccr.initCreateContext();
+  ccc.setId(5);
+  ccc.initDevices(1).set(0, 0);
+  ASSERT_TRUE(c.Send(cc).ok());
+  auto ok = reader.Next(nullptr);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->root<wire::Reply>().getSeq(), 32u);
+  EXPECT_EQ(ok->root<wire::Reply>().getStatus(), 0);
+}
+
 TEST_F(ServerTest, ClientsDyingMidTransferLeakNothing) {
   RawClient probe(socket());
   ASSERT_EQ(probe.Hello(), 0);

@@ -471,5 +471,178 @@ TEST_F(SocketPairTest, ReaderRejectsABadHeaderAndAFrameOverTheLimit) {
   EXPECT_EQ(reply_reader.Next(nullptr).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Records the data frames a reader gives it, into memory of its own (or drops them).
+class RecordingSink : public DataSink {
+ public:
+  uint8_t* Place(const DataFrame& f) override {
+    placed.push_back(f);
+    if (drop) return nullptr;
+    if (memory.size() < f.offset + f.bytes) memory.resize(f.offset + f.bytes);
+    return memory.data() + f.offset;
+  }
+  void Placed(const DataFrame& f, bool complete) override {
+    done.push_back({f.id, complete});
+  }
+  bool drop = false;
+  std::vector<DataFrame> placed;
+  std::vector<std::pair<uint64_t, bool>> done;
+  std::vector<uint8_t> memory;
+};
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+TEST_F(SocketPairTest, DataFramesGoStraightToTheSinkBetweenMessages) {
+  // A message, a small data frame of an odd length, a 3 MiB one written by another thread in
+  // pieces (larger than the reader's buffer: the reader waits inside it), another message.
+  const auto small = Pattern(13, 1);
+  const auto large = Pattern(3u << 20, 2);
+  std::thread writer([&] {
+    auto f1 = SeqFrame(1, 10);
+    ASSERT_EQ(::write(fds_[0], f1.data(), f1.size()), static_cast<ssize_t>(f1.size()));
+    ASSERT_TRUE(WriteDataFrame(fds_[0], {77, 0, 13, false}, small.data()).ok());
+    // The large frame through a second socket pair, then relayed slowly.
+    int relay[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, relay), 0);
+    std::thread inner([&] {
+      ASSERT_TRUE(WriteDataFrame(relay[0], {78, 4096, 3u << 20, true}, large.data()).ok());
+      ::close(relay[0]);
+    });
+    std::vector<uint8_t> chunk(100'003);
+    for (;;) {
+      ssize_t n = ::read(relay[1], chunk.data(), chunk.size());
+      if (n <= 0) break;
+      ASSERT_EQ(::write(fds_[0], chunk.data(), n), n);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    inner.join();
+    ::close(relay[1]);
+    auto f2 = SeqFrame(2, 10);
+    ASSERT_EQ(::write(fds_[0], f2.data(), f2.size()), static_cast<ssize_t>(f2.size()));
+  });
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  RecordingSink sink;
+  reader.SetDataSink(&sink);
+  int waits = 0;
+  auto one = reader.Next(nullptr, [&] { ++waits; });
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->root<wire::Request>().getSeq(), 1u);
+  // NextOrData stops after each data frame.
+  auto d1 = reader.NextOrData(nullptr, [&] { ++waits; });
+  ASSERT_TRUE(d1.ok()) << d1.status().ToString();
+  EXPECT_FALSE(d1->has_value());
+  ASSERT_EQ(sink.placed.size(), 1u);
+  EXPECT_EQ(sink.placed[0].id, 77u);
+  EXPECT_EQ(sink.placed[0].bytes, 13u);
+  EXPECT_FALSE(sink.placed[0].last);
+  ASSERT_GE(sink.memory.size(), 13u);
+  EXPECT_EQ(std::vector<uint8_t>(sink.memory.begin(), sink.memory.begin() + 13), small);
+  // Next goes through the large data frame to the message after it.
+  auto two = reader.Next(nullptr, [&] { ++waits; });
+  writer.join();
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->root<wire::Request>().getSeq(), 2u);
+  ASSERT_EQ(sink.placed.size(), 2u);
+  EXPECT_EQ(sink.placed[1].id, 78u);
+  EXPECT_EQ(sink.placed[1].offset, 4096u);
+  EXPECT_TRUE(sink.placed[1].last);
+  ASSERT_EQ(sink.memory.size(), 4096u + (3u << 20));
+  EXPECT_TRUE(std::equal(large.begin(), large.end(), sink.memory.begin() + 4096));
+  ASSERT_EQ(sink.done.size(), 2u);
+  EXPECT_TRUE(sink.done[0].second);
+  EXPECT_TRUE(sink.done[1].second);
+  EXPECT_GE(waits, 1);
+}
+
+TEST_F(SocketPairTest, DroppedDataFramesLeaveTheStreamInStep) {
+  const auto data = Pattern(300'001, 3);  // larger than the reader's buffer, odd
+  std::thread writer([&] {
+    ASSERT_TRUE(WriteDataFrame(fds_[0], {5, 0, 300'001, true}, data.data()).ok());
+    auto f = SeqFrame(9, 10);
+    ASSERT_EQ(::write(fds_[0], f.data(), f.size()), static_cast<ssize_t>(f.size()));
+  });
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  RecordingSink sink;
+  sink.drop = true;
+  reader.SetDataSink(&sink);
+  auto m = reader.Next(nullptr);
+  writer.join();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->root<wire::Request>().getSeq(), 9u);
+  EXPECT_EQ(sink.placed.size(), 1u);
+  EXPECT_TRUE(sink.done.empty());  // nothing was placed
+}
+
+TEST_F(SocketPairTest, DataFramesAreRefusedWithoutASinkAndWhenMalformed) {
+  const auto data = Pattern(64, 4);
+  {
+    ASSERT_TRUE(WriteDataFrame(fds_[0], {1, 0, 64, false}, data.data()).ok());
+    FrameReader reader(fds_[1], FrameKind::kRequest, {});
+    EXPECT_EQ(reader.Next(nullptr).status().code(), StatusCode::kInvalidArgument);
+  }
+  // Hand-made frames: a length that does not match the payload, unknown flags, a payload
+  // shorter than the prefix, a frame over the limit.
+  auto frame = [](uint32_t payload, uint32_t length, uint32_t flags) {
+    std::vector<uint8_t> f(kHeaderBytes + std::max<uint32_t>(payload, 0));
+    EncodeHeader({kProtocolVersion, FrameKind::kData, payload}, f.data());
+    if (payload >= kDataPrefixBytes) {
+      std::memcpy(f.data() + kHeaderBytes + 16, &length, 4);
+      std::memcpy(f.data() + kHeaderBytes + 20, &flags, 4);
+    }
+    return f;
+  };
+  struct Case {
+    std::vector<uint8_t> bytes;
+    StatusCode code;
+  };
+  FrameLimits limit;
+  limit.max_payload_bytes = 1024;
+  for (const Case& c : {Case{frame(24 + 16, 17, 0), StatusCode::kDataLoss},
+                        Case{frame(24 + 16, 8, 0), StatusCode::kDataLoss},
+                        Case{frame(24 + 8, 8, 2), StatusCode::kDataLoss},
+                        Case{frame(16, 0, 0), StatusCode::kDataLoss},
+                        Case{frame(2048, 2024, 0), StatusCode::kResourceExhausted}}) {
+    for (int fd : fds_) ::close(fd);
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds_), 0);
+    ASSERT_EQ(::write(fds_[0], c.bytes.data(), c.bytes.size()),
+              static_cast<ssize_t>(c.bytes.size()));
+    FrameReader reader(fds_[1], FrameKind::kRequest, limit);
+    RecordingSink sink;
+    reader.SetDataSink(&sink);
+    EXPECT_EQ(reader.Next(nullptr).status().code(), c.code);
+    EXPECT_TRUE(sink.placed.empty());
+  }
+  // A writer refuses a frame over its limit.
+  EXPECT_EQ(WriteDataFrame(fds_[0], {1, 0, 64, false}, data.data(), limit).code(),
+            StatusCode::kOk);
+  std::vector<uint8_t> big(2048);
+  EXPECT_EQ(WriteDataFrame(fds_[0], {1, 0, 2048, false}, big.data(), limit).code(),
+            StatusCode::kResourceExhausted);
+}
+
+TEST_F(SocketPairTest, DataFrameCutShortIsDataLossAndTheSinkIsTold) {
+  const auto data = Pattern(1000, 5);
+  int relay[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, relay), 0);
+  ASSERT_TRUE(WriteDataFrame(relay[0], {3, 0, 1000, true}, data.data()).ok());
+  std::vector<uint8_t> frame(kHeaderBytes + kDataPrefixBytes + 1000);
+  ASSERT_EQ(::read(relay[1], frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  ::close(relay[0]);
+  ::close(relay[1]);
+  ASSERT_EQ(::write(fds_[0], frame.data(), 500), 500);
+  ::close(fds_[0]);
+  fds_[0] = -1;
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  RecordingSink sink;
+  reader.SetDataSink(&sink);
+  EXPECT_EQ(reader.Next(nullptr).status().code(), StatusCode::kDataLoss);
+  ASSERT_EQ(sink.done.size(), 1u);
+  EXPECT_FALSE(sink.done[0].second);
+}
+
 }  // namespace
 }  // namespace gmux::proto

@@ -262,6 +262,9 @@ int main(int argc, char** argv) {
 #ifdef GMUX_TEST_NO_SHM
   ::setenv("GMUX_SHM", "0", 1);
 #endif
+#ifdef GMUX_TEST_NO_DATA_FRAMES
+  ::setenv("GMUX_DATA_FRAMES", "0", 1);
+#endif
 #ifdef GMUX_TEST_NO_REMOTE
   ::setenv("GMUX_REMOTE_COPY", "0", 1);
 #endif

@@ -1,12 +1,13 @@
 // Large transfers through gmux: every byte arrives, in both directions, at offsets, through
-// blocking and non-blocking calls and map/unmap. Built five times: local clients as they run by
+// blocking and non-blocking calls and map/unmap. Built six times: local clients as they run by
 // default (buffers of 64 KiB and more on shared memory, their blocking transfers copied by the
 // client; the rest as in transfers_copy_test), transfers_copy_test (GMUX_BUFFER_STORAGE=0:
 // reads of 64 KiB to 1 MiB and from 8 MiB, and writes from 4 MiB, copied straight between the
 // application and the device by the worker, daemon/remote_copy.h; the others through shared
 // memory or the stream), transfers_shm_test (GMUX_REMOTE_COPY=0: no remote copy),
-// transfers_inline_test (GMUX_SHM=0: everything inline in the stream) and transfers_tcp_test
-// (over TLS).
+// transfers_inline_test (GMUX_SHM=0: everything inline in the stream, as data frames),
+// transfers_inline_messages_test (also GMUX_DATA_FRAMES=0: inline as messages) and
+// transfers_tcp_test (over TLS).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
