@@ -88,7 +88,8 @@ class Seed {
     });
   }
   // BulkBegin and BulkData of `n` bytes (a counting pattern) under `token`.
-  Seed& Bulk(uint64_t token, size_t n) {
+  // With `data_frame`, the data goes as a data frame (in::kAsDataFrame).
+  Seed& Bulk(uint64_t token, size_t n, bool data_frame = false) {
     Add(false, [=](Req r) {
       auto b = r.initBulkBegin();
       b.setToken(token);
@@ -101,7 +102,7 @@ class Seed {
       d.setToken(token);
       d.setOffset(0);
       d.setData(kj::arrayPtr(data.data(), data.size()));
-    });
+    }, data_frame ? in::kAsDataFrame : 0);
   }
   Seed& Buffer(uint64_t id, uint64_t size, uint64_t init_token = 0) {
     return Add(true, [=](Req r) {
@@ -209,7 +210,8 @@ std::vector<Named> Seeds() {
   // Buffers only: initial data, a write, a fill, a copy, a read, finish, releases.
   {
     Seed q;
-    q.Context().Queue(kQueue, 0).Bulk(100, 64).Buffer(10, 64, 100).Buffer(11, 64).Bulk(101, 32);
+    q.Context().Queue(kQueue, 0).Bulk(100, 64).Buffer(10, 64, 100).Buffer(11, 64);
+    q.Bulk(101, 32, /*data_frame=*/true);
     q.Enqueue(false, kQueue, 40, false, {}, [](Enq e) {
       auto w = e.initWriteBuffer();
       w.setMem(10);

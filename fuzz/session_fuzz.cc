@@ -9,7 +9,8 @@
 // W & 0xFFFFFF bytes of a Request's Cap'n Proto payload (flat encoding, no frame header). The
 // harness adds a valid frame header (zero-padding the payload to whole words). W >> 24 are
 // flags: pass a memfd with the frame (bit 0), sealed against shrinking (bit 1), or the previous
-// frame's memfd again (bit 2), of (W >> 27) 4 KiB pages. So the fuzzer mutates requests' fields
+// frame's memfd again (bit 2), of (W >> 27) 4 KiB pages; without a memfd, bit 3 sends a BulkData
+// request as a data frame instead (proto/frame.h). So the fuzzer mutates requests' fields
 // without breaking the framing of the rest; the frame decoder itself is frame_fuzz's target. A
 // payload DecodePayload rejects is left out (it would only end the session, as frame_fuzz shows).
 //
@@ -247,6 +248,25 @@ struct Frame {
   uint8_t flags = 0;
 };
 
+// A BulkData request as the data frame carrying the same chunk (proto/frame.h).
+std::vector<uint8_t> DataFrameOf(wire::BulkData::Reader d) {
+  const auto data = d.getData();
+  const size_t padded = (data.size() + 7) / 8 * 8;
+  std::vector<uint8_t> out(proto::kHeaderBytes + proto::kDataPrefixBytes + padded, 0);
+  proto::EncodeHeader({proto::kProtocolVersion, proto::FrameKind::kData,
+                       static_cast<uint32_t>(proto::kDataPrefixBytes + padded)},
+                      out.data());
+  uint8_t* p = out.data() + proto::kHeaderBytes;
+  const uint64_t token = d.getToken(), offset = d.getOffset();
+  const uint32_t length = static_cast<uint32_t>(data.size()), flags = 0;
+  std::memcpy(p, &token, 8);  // little-endian hosts, as the frame's fields
+  std::memcpy(p + 8, &offset, 8);
+  std::memcpy(p + 16, &length, 4);
+  std::memcpy(p + 20, &flags, 4);
+  if (!data.empty()) std::memcpy(p + proto::kDataPrefixBytes, data.begin(), data.size());
+  return out;
+}
+
 // Splits the input into frames (see the top of the file).
 std::vector<Frame> Frames(const uint8_t* data, size_t size) {
   std::vector<Frame> out;
@@ -272,6 +292,12 @@ std::vector<Frame> Frames(const uint8_t* data, size_t size) {
     auto ignored = kj::runCatchingExceptions([&]() {
       auto req = msg->root<wire::Request>();
       f.seq = req.getSeq();
+      if (req.isBulkData() && (f.flags & in::kPassMemfd) == 0 &&
+          (f.flags & in::kAsDataFrame) != 0) {
+        rewritten = DataFrameOf(req.getBulkData());
+        f.seq = 0;
+        return;
+      }
       if (req.isBuildProgram() || req.isCompileProgram() || req.isLinkProgram()) {
         skip = ++builds > kMaxBuilds;
       }
@@ -296,6 +322,11 @@ std::vector<Frame> Frames(const uint8_t* data, size_t size) {
     }
     if (g_verbose) {
       auto m = proto::DecodeFrame(f.bytes, proto::FrameKind::kRequest, limits);
+      if (!m.ok()) {
+        std::fprintf(stderr, "data frame of %zu bytes\n", f.bytes.size());
+        out.push_back(std::move(f));
+        continue;
+      }
       auto thrown = kj::runCatchingExceptions([&]() {
         std::fprintf(stderr, "request (flags %#x): %s\n", f.flags,
                      kj::str(m->root<wire::Request>()).cStr());

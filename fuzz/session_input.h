@@ -23,6 +23,9 @@ inline constexpr uint8_t kSealMemfd = 1u << 1;
 inline constexpr uint8_t kReuseMemfd = 1u << 2;
 // Bits 3-7: the memfd's size in 4 KiB pages (0-31).
 inline constexpr int kMemfdPagesShift = 3;
+// Without kPassMemfd, bit 3 sends a BulkData request as a data frame (proto/frame.h) of the
+// same token, offset and bytes, as the ICD sends bulk data to a worker that takes them.
+inline constexpr uint8_t kAsDataFrame = 1u << 3;
 inline constexpr size_t kMemfdPageBytes = 4096;
 
 inline uint32_t FrameWord(size_t length, uint8_t flags) {

@@ -115,8 +115,9 @@ struct Command {
                        const core::WorkRange& range, cl_event* out)>
       run_chunk;
 
-  // A transfer by remote copy (remote_copy.h): its device time runs from the map's START, and
-  // a failed copy fails the command even though the backend's events completed.
+  // A transfer by remote copy (remote_copy.h), or a read the device does in pieces
+  // (Session::StreamedRead): its device time runs from the first map's or piece's START, and a
+  // failed copy or piece fails the command even though the last backend event completed.
   std::shared_ptr<RemoteTransfer> remote;
 
   // Executor-thread state of a launch being run in chunks.

@@ -36,6 +36,13 @@
 
 namespace gmux::daemon {
 
+namespace {
+// Reads from this size sent through the stream run as device reads of kReadPieceBytes each,
+// every piece sent as soon as it is in (Session::StreamedRead).
+constexpr size_t kReadPieceBytes = 8u << 20;
+constexpr size_t kStreamedReadBytes = 2 * kReadPieceBytes;
+}  // namespace
+
 namespace wire = proto::wire;
 
 SessionCore::~SessionCore() {
@@ -2166,6 +2173,13 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       const bool shm = rb.getShm();
       if (Err e = StageRead(host_bytes, shm, /*zero=*/rect, staging); !e.ok()) return fail(e);
       uint64_t off = rb.getOffset();
+      if (!rect && !shm && host_bytes >= kStreamedReadBytes) {
+        StreamedRead(*cmd, m->mem, off, staging, seq);
+        cmd->block.kind = core::BlockKind::kCopy;
+        cmd->block.bytes = host_bytes;
+        replied = true;
+        break;
+      }
       cmd->run = [mem = m->mem, staging, off, rect, ra](cl_command_queue cq,
                                                         const std::vector<cl_event>& w,
                                                         cl_event* out) {
@@ -2315,7 +2329,151 @@ Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
 namespace {
 // Reads up to this size are answered from the completing thread (ReadFinished).
 constexpr size_t kDirectReadReplyBytes = 64u << 10;
+
+// Sends bytes [from, to) of a read's staging buffer as the answer to `seq`, in chunks, the
+// last one marked so when `to` is the end: as data frames to a client that reads them, else as
+// ReadData messages. On the writer thread only.
+void SendReadData(SessionCore* c, uint64_t seq, const HostBuffer& staging, size_t from,
+                  size_t to) {
+  size_t at = from;
+  do {
+    const size_t n = std::min(proto::kBulkChunkBytes, to - at);
+    const bool last = at + n == staging.size();
+    if (c->data_frames) {
+      // Raw: the client receives the bytes straight into the application's memory.
+      c->SendDataFromWriter(seq, at, staging.data() + at, n, last);
+    } else {
+      capnp::MallocMessageBuilder b;
+      auto rep = b.initRoot<wire::Reply>();
+      rep.setSeq(seq);
+      auto rd = rep.initReadData();
+      rd.setOffset(at);
+      if (n % sizeof(capnp::word) == 0 &&
+          reinterpret_cast<uintptr_t>(staging.data() + at) % sizeof(capnp::word) == 0) {
+        // Sent without copying into the message.
+        rd.adoptData(b.getOrphanage().referenceExternalData(
+            capnp::Data::Reader(staging.data() + at, n)));
+      } else {
+        rd.setData(kj::arrayPtr(staging.data() + at, n));
+      }
+      rd.setLast(last);
+      c->SendFromWriter(b);
+    }
+    at += n;
+  } while (at < to);
+}
+
+// A read streamed piece by piece (Session::StreamedRead): which pieces the device has read and
+// which are sent.
+struct ReadFlow {
+  std::shared_ptr<SessionCore> core;
+  std::shared_ptr<HostBuffer> staging;
+  std::shared_ptr<RemoteTransfer> transfer;  // the pieces' events; a failed piece's status
+  uint64_t seq = 0;
+  std::mutex mu;
+  size_t ready = 0;  // bytes from the start the device has read (pieces complete in order)
+  size_t sent = 0;   // bytes handed to the writer
+  bool failed = false;
+
+  // On the writer thread: sends what is ready and not yet sent.
+  void Flush() {
+    size_t from, to;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failed || ready <= sent) return;
+      from = sent;
+      to = sent = ready;
+    }
+    SendReadData(core.get(), seq, *staging, from, to);
+  }
+};
+
+void CL_CALLBACK PieceRead(cl_event, cl_int status, void* user) {
+  // Owns one reference to the flow and the piece's end.
+  auto* p = static_cast<std::pair<std::shared_ptr<ReadFlow>, size_t>*>(user);
+  std::shared_ptr<ReadFlow> flow = std::move(p->first);
+  const size_t end = p->second;
+  delete p;
+  {
+    std::lock_guard<std::mutex> lock(flow->mu);
+    if (status < 0) {
+      flow->failed = true;
+      flow->transfer->message = "read failed";
+      flow->transfer->status = status;
+      return;
+    }
+    flow->ready = std::max(flow->ready, end);
+  }
+  flow->core->Defer([flow] { flow->Flush(); });
+}
 }  // namespace
+
+void Session::StreamedRead(Command& cmd, Ref<cl_mem> mem, uint64_t offset,
+                           std::shared_ptr<HostBuffer> staging, uint64_t seq) {
+  auto flow = std::make_shared<ReadFlow>();
+  flow->core = core_;
+  flow->staging = staging;
+  flow->seq = seq;
+  // The device reads the buffer in pieces, each waiting for the one before (the queue may be
+  // out of order); a piece's data leaves as soon as it is in, while the next is read. The
+  // last piece's event is the command's END, the first's its START (the tenant's device time
+  // covers the whole read), and a failed piece fails the command.
+  auto transfer = std::make_shared<RemoteTransfer>();
+  cmd.remote = transfer;
+  flow->transfer = transfer;
+  cmd.run = [mem, staging, offset, flow, transfer](cl_command_queue cq,
+                                                   const std::vector<cl_event>& w,
+                                                   cl_event* out) {
+    const cl_icd_dispatch& d = Dispatch(cq);
+    std::vector<cl_event> waits = w;
+    const size_t n = staging->size();
+    for (size_t at = 0; at < n; at += kReadPieceBytes) {
+      const size_t len = std::min(kReadPieceBytes, n - at);
+      cl_event ev = nullptr;
+      cl_int err = d.clEnqueueReadBuffer(cq, mem->h, CL_FALSE, offset + at, len,
+                                         staging->data() + at, static_cast<cl_uint>(waits.size()),
+                                         waits.empty() ? nullptr : waits.data(), &ev);
+      if (err != CL_SUCCESS) return err;
+      if (at + len == n) {
+        *out = ev;
+        return CL_SUCCESS;
+      }
+      Ref<cl_event> piece = Adopt(ev);  // kept until the command ends
+      if (!transfer->map) transfer->map = piece;
+      transfer->pieces.push_back(piece);
+      auto* user = new std::pair<std::shared_ptr<ReadFlow>, size_t>(flow, at + len);
+      if (d.clSetEventCallback(ev, CL_COMPLETE, PieceRead, user) != CL_SUCCESS) {
+        delete user;  // sent at the end instead
+      }
+      waits.assign(1, ev);
+    }
+    return CL_INVALID_VALUE;  // unreachable: the loop ends at the last piece
+  };
+  cmd.finished = [flow](cl_int status) {
+    SessionCore* c = flow->core.get();
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(flow->mu);
+      failed = flow->failed || status != CL_COMPLETE;
+      flow->failed = failed;
+      if (!failed) flow->ready = flow->staging->size();
+    }
+    if (failed) {
+      c->SendStatus(flow->seq, status != CL_COMPLETE ? status : CL_OUT_OF_RESOURCES,
+                    "read failed");
+      // Pieces already sent leave no staging behind: it goes with the last reference.
+      c->bulk_bytes.fetch_sub(flow->staging->staged());
+      return;
+    }
+    const size_t staged = flow->staging->staged();
+    c->sending_bytes.fetch_add(staged);
+    c->Defer([flow, c, staged] {
+      flow->Flush();
+      c->bulk_bytes.fetch_sub(staged);
+      c->sending_bytes.fetch_sub(staged);
+    });
+  };
+}
 
 std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> core,
                                                   std::shared_ptr<HostBuffer> staging, uint64_t seq,
@@ -2341,32 +2499,7 @@ std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> c
       // it holds up only itself); the writer runs while `core` lives, so it needs no reference.
       core->sending_bytes.fetch_add(staging->staged());
       core->Defer([c = core.get(), staging, seq] {
-        size_t at = 0;
-        do {
-          size_t n = std::min(proto::kBulkChunkBytes, staging->size() - at);
-          if (c->data_frames) {
-            // Raw: the client receives the bytes straight into the application's memory.
-            c->SendDataFromWriter(seq, at, staging->data() + at, n, at + n == staging->size());
-            at += n;
-            continue;
-          }
-          capnp::MallocMessageBuilder b;
-          auto rep = b.initRoot<wire::Reply>();
-          rep.setSeq(seq);
-          auto rd = rep.initReadData();
-          rd.setOffset(at);
-          if (n % sizeof(capnp::word) == 0) {
-            // Chunks start at multiples of the chunk size in an operator new[] block, so they
-            // are word-aligned: send them without copying into the message.
-            rd.adoptData(b.getOrphanage().referenceExternalData(
-                capnp::Data::Reader(staging->data() + at, n)));
-          } else {
-            rd.setData(kj::arrayPtr(staging->data() + at, n));
-          }
-          rd.setLast(at + n == staging->size());
-          c->SendFromWriter(b);
-          at += n;
-        } while (at < staging->size());
+        SendReadData(c, seq, *staging, 0, staging->size());
         c->bulk_bytes.fetch_sub(staging->staged());
         c->sending_bytes.fetch_sub(staging->staged());
       });

@@ -263,6 +263,10 @@ class Session {
   static std::function<void(cl_int)> ReadFinished(std::shared_ptr<SessionCore> core,
                                                   std::shared_ptr<HostBuffer> staging,
                                                   uint64_t seq, bool shm);
+  // A large buffer read answered through the stream: the device reads it in pieces and each
+  // piece is sent once it is in, while the next is read (run and finished of `cmd`).
+  void StreamedRead(Command& cmd, Ref<cl_mem> mem, uint64_t offset,
+                    std::shared_ptr<HostBuffer> staging, uint64_t seq);
   Err EnqueueImage(uint64_t seq, proto::wire::Enqueue::Reader r, Command& cmd, bool& replied);
   Result<cl_device_id> DeviceFor(uint64_t id) const;
   // A device list as the backend needs it: the pool's other devices after the one the tenant

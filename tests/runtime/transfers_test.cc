@@ -535,7 +535,8 @@ TEST(TransfersTest, AForkedChildCannotUseItsParentsSession) {
 }
 
 // Sizes on both sides of every path's threshold (64 KiB, 1 MiB, 4 MiB, 8 MiB, the copier's 2 MiB
-// parts, its 64 MiB mapping pieces),
+// parts, its 64 MiB mapping pieces, the 16 MiB from which a read through the stream is read
+// from the device in 8 MiB pieces),
 // odd sizes, unaligned host pointers and buffer offsets, and sub-buffers.
 TEST(TransfersTest, EveryShapeArrivesIntact) {
   ClDevice d;
@@ -546,7 +547,8 @@ TEST(TransfersTest, EveryShapeArrivesIntact) {
   ASSERT_EQ(err, CL_SUCCESS);
   const size_t sizes[] = {1,           4096,         (64u << 10) - 1, 64u << 10,
                           (64u << 10) + 5, (1u << 20) + 3, (4u << 20) - 1, 4u << 20,
-                          (4u << 20) + 7,  (8u << 20) - 1, 8u << 20, (9u << 20) + 1, 17u << 20};
+                          (4u << 20) + 7,  (8u << 20) - 1, 8u << 20, (9u << 20) + 1,
+                          (16u << 20) - 1, 16u << 20, 17u << 20};
   uint32_t seed = 1;
   for (size_t n : sizes) {
     for (size_t off : {size_t{0}, size_t{3}, size_t{4096}}) {
