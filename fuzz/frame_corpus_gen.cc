@@ -7,6 +7,7 @@
 // Regenerate the checked-in seeds after a schema change; docs/testing.md says how.
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -356,6 +357,29 @@ int main(int argc, char** argv) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes->data()),
               static_cast<std::streamsize>(bytes->size()));
+    if (!out) {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
+  }
+  // Data frames (kind 3): an odd length with the last flag, and an empty one.
+  for (uint32_t length : {13u, 0u}) {
+    const size_t padded = (length + 7) / 8 * 8;
+    std::vector<uint8_t> f(gmux::proto::kHeaderBytes + gmux::proto::kDataPrefixBytes + padded, 0);
+    gmux::proto::EncodeHeader({gmux::proto::kProtocolVersion, gmux::proto::FrameKind::kData,
+                               static_cast<uint32_t>(gmux::proto::kDataPrefixBytes + padded)},
+                              f.data());
+    uint8_t* p = f.data() + gmux::proto::kHeaderBytes;
+    const uint64_t id = 5, offset = 64;
+    const uint32_t flags = length != 0 ? 1 : 0;
+    std::memcpy(p, &id, 8);  // little-endian hosts, as the frame's fields
+    std::memcpy(p + 8, &offset, 8);
+    std::memcpy(p + 16, &length, 4);
+    std::memcpy(p + 20, &flags, 4);
+    for (uint32_t i = 0; i < length; ++i) p[gmux::proto::kDataPrefixBytes + i] = uint8_t(i * 3);
+    std::string path = std::string(argv[1]) + (length != 0 ? "/data-frame" : "/data-frame-empty");
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(f.data()), static_cast<std::streamsize>(f.size()));
     if (!out) {
       std::fprintf(stderr, "cannot write %s\n", path.c_str());
       return 1;

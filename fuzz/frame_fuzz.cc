@@ -9,7 +9,9 @@
 //    without its NUL, say, is not checked by decoding): gmuxd's session and handshake and the
 //    ICD's receive loop catch those around every read, and so does this target;
 //  - ReadFrame on a stream socket holding the same bytes agrees with DecodeFrame, and then sees
-//    a clean end of stream.
+//    a clean end of stream;
+//  - a data frame (kind 3) is never decoded as a message; a FrameReader with a sink accepts it
+//    only with its sink told (Place, then Placed) and the bytes placed exactly the input's.
 // gmuxd's broker decodes the frames before hello with DecodeHeader and DecodePayload under a
 // 64 KiB payload cap; DecodeFrame is those two calls, and inputs here stay far below the cap.
 // Seeds are in fuzz/corpus/frame/ (written by frame_corpus_gen); see docs/testing.md.
@@ -22,8 +24,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <span>
+#include <vector>
 
 #include "proto/frame.h"
 
@@ -103,6 +107,64 @@ void CheckReadFrame(std::span<const uint8_t> bytes, const gmux::Result<FrameHead
   ::close(fds[1]);
 }
 
+// A sink that takes every data frame into memory of its own and checks it is told of each.
+class CheckingSink : public gmux::proto::DataSink {
+ public:
+  uint8_t* Place(const gmux::proto::DataFrame& f) override {
+    if (placing_) Fail("Place twice without Placed");
+    placing_ = true;
+    ++frames;
+    memory.assign(f.bytes, 0);
+    if (f.bytes != 0) return memory.data();
+    placing_ = false;  // nothing to place: no Placed follows
+    return nullptr;
+  }
+  void Placed(const gmux::proto::DataFrame& f, bool all_in) override {
+    if (!placing_ || f.bytes != memory.size()) Fail("Placed without its Place");
+    placing_ = false;
+    complete = all_in;
+  }
+  int frames = 0;
+  bool complete = false;
+  std::vector<uint8_t> memory;
+
+ private:
+  bool placing_ = false;
+};
+
+// A data frame (kind 3) read by a FrameReader with a sink, as the worker and the ICD read them:
+// accepted only whole, its bytes exactly the input's, and the stream in step after it.
+void CheckDataFrame(std::span<const uint8_t> bytes) {
+  if (bytes.size() > kMaxSocketBytes) return;
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) Fail("socketpair failed");
+  int buffer = 4 * kMaxSocketBytes;
+  ::setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
+  ::setsockopt(fds[1], SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+  ssize_t sent = bytes.empty() ? 0 : ::send(fds[0], bytes.data(), bytes.size(), MSG_DONTWAIT);
+  ::close(fds[0]);
+  if (sent == static_cast<ssize_t>(bytes.size())) {
+    gmux::proto::FrameReader reader(fds[1], FrameKind::kRequest, kDaemonLimits);
+    CheckingSink sink;
+    reader.SetDataSink(&sink);
+    auto first = reader.NextOrData(nullptr);
+    if (first.ok()) {
+      if (first->has_value()) Fail("a data frame read as a message");
+      if (sink.frames != 1) Fail("a data frame accepted without its Place");
+      const size_t at = kHeaderBytes + gmux::proto::kDataPrefixBytes;
+      if (!sink.memory.empty() &&
+          (!sink.complete || at + sink.memory.size() > bytes.size() ||
+           !std::equal(sink.memory.begin(), sink.memory.end(), bytes.begin() + at))) {
+        Fail("a data frame's bytes differ from the input's");
+      }
+      // Then the rest of the input: anything but a crash or a hang.
+      auto next = reader.NextOrData(nullptr);
+      (void)next;
+    }
+  }
+  ::close(fds[1]);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -111,6 +173,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto header = DecodeHeader(bytes, kDaemonLimits);
   // A Request is what gmuxd reads; a frame whose header says Reply is decoded as the ICD would.
   FrameKind kind = header.ok() ? header->kind : FrameKind::kRequest;
+  if (kind == FrameKind::kData) {
+    // Never a message: read as the worker and the ICD read them.
+    if (DecodeFrame(bytes, FrameKind::kRequest, kDaemonLimits).ok()) {
+      Fail("DecodeFrame accepted a data frame as a request");
+    }
+    CheckDataFrame(bytes);
+    return 0;
+  }
   auto message = DecodeFrame(bytes, kind, kDaemonLimits);
   if (message.ok()) {
     if (!header.ok() || header->payload_bytes + kHeaderBytes != size) {

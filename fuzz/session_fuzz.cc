@@ -263,7 +263,7 @@ std::vector<uint8_t> DataFrameOf(wire::BulkData::Reader d) {
   std::memcpy(p + 8, &offset, 8);
   std::memcpy(p + 16, &length, 4);
   std::memcpy(p + 20, &flags, 4);
-  if (!data.empty()) std::memcpy(p + proto::kDataPrefixBytes, data.begin(), data.size());
+  if (data.size() != 0) std::memcpy(p + proto::kDataPrefixBytes, data.begin(), data.size());
   return out;
 }
 

@@ -2364,19 +2364,21 @@ void SendReadData(SessionCore* c, uint64_t seq, const HostBuffer& staging, size_
 }
 
 // A read streamed piece by piece (Session::StreamedRead): which pieces the device has read and
-// which are sent.
+// which are sent. It holds the session's core weakly: its last strong reference must not go on
+// the writer thread (whose join it is) nor on the backend's callback thread.
 struct ReadFlow {
-  std::shared_ptr<SessionCore> core;
+  std::weak_ptr<SessionCore> core;
   std::shared_ptr<HostBuffer> staging;
-  std::shared_ptr<RemoteTransfer> transfer;  // the pieces' events; a failed piece's status
+  std::shared_ptr<RemoteTransfer> transfer;  // the pieces' events
   uint64_t seq = 0;
   std::mutex mu;
   size_t ready = 0;  // bytes from the start the device has read (pieces complete in order)
   size_t sent = 0;   // bytes handed to the writer
   bool failed = false;
+  bool decided = false;  // the whole read completed (or failed): the pieces' callbacks no longer count
 
-  // On the writer thread: sends what is ready and not yet sent.
-  void Flush() {
+  // On `c`'s writer thread: sends what is ready and not yet sent.
+  void Flush(SessionCore* c) {
     size_t from, to;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -2384,7 +2386,7 @@ struct ReadFlow {
       from = sent;
       to = sent = ready;
     }
-    SendReadData(core.get(), seq, *staging, from, to);
+    SendReadData(c, seq, *staging, from, to);
   }
 };
 
@@ -2396,15 +2398,14 @@ void CL_CALLBACK PieceRead(cl_event, cl_int status, void* user) {
   delete p;
   {
     std::lock_guard<std::mutex> lock(flow->mu);
-    if (status < 0) {
-      flow->failed = true;
-      flow->transfer->message = "read failed";
-      flow->transfer->status = status;
-      return;
-    }
+    // A failure is found by the read's completion itself (it asks every piece); ready pieces
+    // go out early only while the read is still running.
+    if (status < 0 || flow->decided || flow->failed) return;
     flow->ready = std::max(flow->ready, end);
   }
-  flow->core->Defer([flow] { flow->Flush(); });
+  if (std::shared_ptr<SessionCore> core = flow->core.lock()) {
+    core->Defer([flow, c = core.get()] { flow->Flush(c); });
+  }
 }
 }  // namespace
 
@@ -2417,7 +2418,7 @@ void Session::StreamedRead(Command& cmd, Ref<cl_mem> mem, uint64_t offset,
   // The device reads the buffer in pieces, each waiting for the one before (the queue may be
   // out of order); a piece's data leaves as soon as it is in, while the next is read. The
   // last piece's event is the command's END, the first's its START (the tenant's device time
-  // covers the whole read), and a failed piece fails the command.
+  // covers the whole read), and a failed piece fails the read.
   auto transfer = std::make_shared<RemoteTransfer>();
   cmd.remote = transfer;
   flow->transfer = transfer;
@@ -2433,7 +2434,15 @@ void Session::StreamedRead(Command& cmd, Ref<cl_mem> mem, uint64_t offset,
       cl_int err = d.clEnqueueReadBuffer(cq, mem->h, CL_FALSE, offset + at, len,
                                          staging->data() + at, static_cast<cl_uint>(waits.size()),
                                          waits.empty() ? nullptr : waits.data(), &ev);
-      if (err != CL_SUCCESS) return err;
+      if (err != CL_SUCCESS) {
+        // The pieces enqueued already write into the staging buffer, which goes with the
+        // failed command: they end first (each waits for the one before).
+        if (!transfer->pieces.empty()) {
+          cl_event last = transfer->pieces.back()->h;
+          d.clWaitForEvents(1, &last);
+        }
+        return err;
+      }
       if (at + len == n) {
         *out = ev;
         return CL_SUCCESS;
@@ -2449,26 +2458,37 @@ void Session::StreamedRead(Command& cmd, Ref<cl_mem> mem, uint64_t offset,
     }
     return CL_INVALID_VALUE;  // unreachable: the loop ends at the last piece
   };
-  cmd.finished = [flow](cl_int status) {
-    SessionCore* c = flow->core.get();
+  cmd.finished = [flow, core = core_](cl_int status) {
+    SessionCore* c = core.get();
+    // Every piece is done (the last waited for them): a failed one fails the read, whatever
+    // the backend made of the pieces after it and whether its callback has run yet.
+    cl_int piece_status = CL_COMPLETE;
+    for (const Ref<cl_event>& piece : flow->transfer->pieces) {
+      cl_int st = CL_COMPLETE;
+      if (Dispatch(piece->h).clGetEventInfo(piece->h, CL_EVENT_COMMAND_EXECUTION_STATUS,
+                                             sizeof(st), &st, nullptr) != CL_SUCCESS ||
+          st < 0) {
+        piece_status = st < 0 ? st : CL_OUT_OF_RESOURCES;
+        break;
+      }
+    }
     bool failed;
     {
       std::lock_guard<std::mutex> lock(flow->mu);
-      failed = flow->failed || status != CL_COMPLETE;
+      failed = status != CL_COMPLETE || piece_status != CL_COMPLETE;
       flow->failed = failed;
+      flow->decided = true;
       if (!failed) flow->ready = flow->staging->size();
     }
     if (failed) {
-      c->SendStatus(flow->seq, status != CL_COMPLETE ? status : CL_OUT_OF_RESOURCES,
-                    "read failed");
-      // Pieces already sent leave no staging behind: it goes with the last reference.
+      c->SendStatus(flow->seq, status != CL_COMPLETE ? status : piece_status, "read failed");
       c->bulk_bytes.fetch_sub(flow->staging->staged());
       return;
     }
     const size_t staged = flow->staging->staged();
     c->sending_bytes.fetch_add(staged);
     c->Defer([flow, c, staged] {
-      flow->Flush();
+      flow->Flush(c);
       c->bulk_bytes.fetch_sub(staged);
       c->sending_bytes.fetch_sub(staged);
     });
