@@ -71,12 +71,10 @@ void ReadAccepted(Message& m, FrameKind kind) {
   }
 }
 
-// Sends the bytes through a socket pair and reads them back with ReadFrame, as the daemon's
-// session threads do. `header` and `accepted` are DecodeHeader's and DecodeFrame's verdicts on
-// the same bytes.
-void CheckReadFrame(std::span<const uint8_t> bytes, const gmux::Result<FrameHeader>& header,
-                    FrameKind kind, bool accepted) {
-  if (bytes.size() > kMaxSocketBytes) return;
+// The bytes, sent whole into a socket pair whose sending end is then closed: the reading end,
+// or -1 when the input is too large to fit the socket's buffer.
+int Streamed(std::span<const uint8_t> bytes) {
+  if (bytes.size() > kMaxSocketBytes) return -1;
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) Fail("socketpair failed");
   int buffer = 4 * kMaxSocketBytes;
@@ -84,14 +82,28 @@ void CheckReadFrame(std::span<const uint8_t> bytes, const gmux::Result<FrameHead
   ::setsockopt(fds[1], SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
   ssize_t sent = bytes.empty() ? 0 : ::send(fds[0], bytes.data(), bytes.size(), MSG_DONTWAIT);
   ::close(fds[0]);
-  if (sent == static_cast<ssize_t>(bytes.size())) {
+  if (sent != static_cast<ssize_t>(bytes.size())) {
+    ::close(fds[1]);
+    return -1;
+  }
+  return fds[1];
+}
+
+// Sends the bytes through a socket pair and reads them back with ReadFrame, as the daemon's
+// session threads do. `header` and `accepted` are DecodeHeader's and DecodeFrame's verdicts on
+// the same bytes.
+void CheckReadFrame(std::span<const uint8_t> bytes, const gmux::Result<FrameHeader>& header,
+                    FrameKind kind, bool accepted) {
+  const int fd = Streamed(bytes);
+  if (fd < 0) return;
+  {
     int passed_fd = -1;
-    auto first = ReadFrame(fds[1], kind, kDaemonLimits, nullptr, &passed_fd);
+    auto first = ReadFrame(fd, kind, kDaemonLimits, nullptr, &passed_fd);
     if (passed_fd >= 0) Fail("ReadFrame returned a descriptor nobody passed");
     if (accepted) {
       if (!first.ok()) Fail("ReadFrame rejected a frame DecodeFrame accepted");
       ReadAccepted(*first, kind);
-      auto next = ReadFrame(fds[1], kind, kDaemonLimits);
+      auto next = ReadFrame(fd, kind, kDaemonLimits);
       if (next.ok() || next.status().code() != StatusCode::kUnavailable) {
         Fail("ReadFrame did not see a clean end after the only frame");
       }
@@ -104,7 +116,7 @@ void CheckReadFrame(std::span<const uint8_t> bytes, const gmux::Result<FrameHead
       ReadAccepted(*first, kind);
     }
   }
-  ::close(fds[1]);
+  ::close(fd);
 }
 
 // A sink that takes every data frame into memory of its own and checks it is told of each.
@@ -135,16 +147,10 @@ class CheckingSink : public gmux::proto::DataSink {
 // A data frame (kind 3) read by a FrameReader with a sink, as the worker and the ICD read them:
 // accepted only whole, its bytes exactly the input's, and the stream in step after it.
 void CheckDataFrame(std::span<const uint8_t> bytes) {
-  if (bytes.size() > kMaxSocketBytes) return;
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) Fail("socketpair failed");
-  int buffer = 4 * kMaxSocketBytes;
-  ::setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
-  ::setsockopt(fds[1], SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
-  ssize_t sent = bytes.empty() ? 0 : ::send(fds[0], bytes.data(), bytes.size(), MSG_DONTWAIT);
-  ::close(fds[0]);
-  if (sent == static_cast<ssize_t>(bytes.size())) {
-    gmux::proto::FrameReader reader(fds[1], FrameKind::kRequest, kDaemonLimits);
+  const int fd = Streamed(bytes);
+  if (fd < 0) return;
+  {
+    gmux::proto::FrameReader reader(fd, FrameKind::kRequest, kDaemonLimits);
     CheckingSink sink;
     reader.SetDataSink(&sink);
     auto first = reader.NextOrData(nullptr);
@@ -162,7 +168,7 @@ void CheckDataFrame(std::span<const uint8_t> bytes) {
       (void)next;
     }
   }
-  ::close(fds[1]);
+  ::close(fd);
 }
 
 }  // namespace
