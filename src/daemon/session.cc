@@ -837,22 +837,12 @@ std::vector<uint64_t> Session::ExpandPool(std::vector<uint64_t> devices) const {
 }
 
 uint8_t* Session::BulkSink::Place(const proto::DataFrame& f) {
-  Session& s = *s_;
-  if (f.id != 0 && f.id == s.refused_bulk_) return nullptr;  // already refused
-  auto it = s.bulk_.find(f.id);
-  if (it == s.bulk_.end()) {
-    s.core_->SendStatus(0, CL_INVALID_VALUE, "unknown bulk token id " + std::to_string(f.id));
-    return nullptr;
-  }
-  Bulk& bulk = *it->second;
-  if (f.offset != bulk.filled || f.bytes > bulk.bytes.size() - f.offset) {
-    s.core_->bulk_bytes.fetch_sub(bulk.bytes.staged());
-    s.bulk_.erase(it);
-    s.RefuseBulk(0, f.id, {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"});
-    return nullptr;
+  Bulk* bulk = nullptr;
+  if (Err e = s_->PlaceChunk(0, f.id, f.offset, f.bytes, &bulk); !e.ok()) {
+    s_->core_->SendStatus(0, e.code, e.message);  // unasked, as for a bulkData without a seq
   }
   // An empty chunk has no bytes to point at (and a transfer of 0 bytes no buffer).
-  return f.bytes == 0 ? nullptr : bulk.bytes.data() + f.offset;
+  return bulk == nullptr || f.bytes == 0 ? nullptr : bulk->bytes.data() + f.offset;
 }
 
 void Session::BulkSink::Placed(const proto::DataFrame& f, bool complete) {
@@ -1511,21 +1501,17 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
 
     case wire::Request::BULK_DATA: {
       auto r = req.getBulkData();
-      if (r.getToken() != 0 && r.getToken() == refused_bulk_) return {};  // already refused
-      GMUX_LOOKUP(b, bulk_, r.getToken(), CL_INVALID_VALUE, "bulk token");
       auto data = r.getData();
-      Bulk& bulk = **b;
-      if (r.getOffset() != bulk.filled || data.size() > bulk.bytes.size() - r.getOffset()) {
-        core_->bulk_bytes.fetch_sub(bulk.bytes.staged());
-        bulk_.erase(r.getToken());
-        return RefuseBulk(req.getSeq(), r.getToken(),
-                          {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"});
+      Bulk* bulk = nullptr;
+      if (Err e = PlaceChunk(req.getSeq(), r.getToken(), r.getOffset(), data.size(), &bulk);
+          !e.ok() || bulk == nullptr) {
+        return e;
       }
       // An empty chunk has no bytes to point at (and a transfer of 0 bytes no buffer).
       if (data.size() != 0) {
-        std::memcpy(bulk.bytes.data() + r.getOffset(), data.begin(), data.size());
+        std::memcpy(bulk->bytes.data() + r.getOffset(), data.begin(), data.size());
       }
-      bulk.filled += data.size();
+      bulk->filled += data.size();
       return {};
     }
 
@@ -1595,6 +1581,22 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
     }
   }
   return {CL_INVALID_OPERATION, "unknown request"};
+}
+
+Session::Err Session::PlaceChunk(uint64_t seq, uint64_t token, uint64_t offset, uint64_t n,
+                                 Bulk** out) {
+  *out = nullptr;
+  if (token != 0 && token == refused_bulk_) return {};  // already refused
+  GMUX_LOOKUP(b, bulk_, token, CL_INVALID_VALUE, "bulk token");
+  Bulk& bulk = **b;
+  if (offset != bulk.filled || n > bulk.bytes.size() - offset) {
+    core_->bulk_bytes.fetch_sub(bulk.bytes.staged());
+    bulk_.erase(token);
+    return RefuseBulk(seq, token,
+                      {CL_INVALID_VALUE, "bulk data out of order or outside its transfer"});
+  }
+  *out = &bulk;
+  return {};
 }
 
 Session::Err Session::RefuseBulk(uint64_t seq, uint64_t token, Err e) {

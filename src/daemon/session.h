@@ -247,6 +247,10 @@ class Session {
   Err ChargeMemory(const std::vector<uint32_t>& devices, uint64_t bytes, bool buffer,
                    std::shared_ptr<MemCharge>& out);
   Err RefuseBulk(uint64_t seq, uint64_t token, Err e);
+  // Checks a chunk of `n` bytes at `offset` of the bulk transfer `token` (a bulkData message's
+  // or a data frame's): `*out` is the transfer to fill, or null for a chunk of a refused one.
+  // An unknown token is an error; a chunk out of order or outside its transfer refuses it.
+  Err PlaceChunk(uint64_t seq, uint64_t token, uint64_t offset, uint64_t n, Bulk** out);
   // Whether `bytes` more can be staged within max_bulk_bytes: waits while this session's
   // commands in flight (writes not yet run, reads not yet sent) can still free staging; false
   // at once for more than the limit, or when what holds it cannot be freed without the client.

@@ -755,7 +755,6 @@ uint8_t* Connection::ReadSink::Place(const proto::DataFrame& f) {
   Connection& c = *c_;
   std::function<void(cl_int)> cb;
   cl_int cb_status = CL_SUCCESS;
-  uint8_t* to = nullptr;
   {
     std::lock_guard<std::mutex> lock(c.mu_);
     auto it = c.pending_.find(f.id);
@@ -770,7 +769,7 @@ uint8_t* Connection::ReadSink::Place(const proto::DataFrame& f) {
     if (f.last) c.CompleteLocked(it, &cb, &cb_status);
   }
   if (cb) c.Deliver(std::move(cb), cb_status);
-  return to;
+  return nullptr;  // the bytes are dropped
 }
 
 void Connection::ReadSink::Placed(const proto::DataFrame& f, bool complete) {
