@@ -49,20 +49,22 @@ cl_mem CreateOnStorage(const cl_icd_dispatch& cl, cl_context ctx, cl_mem_flags f
   return m;
 }
 
-bool SharesHostMemory(const cl_icd_dispatch& cl, cl_context ctx, cl_device_id device) {
+bool SharesHostMemory(const cl_icd_dispatch& cl, cl_context ctx, cl_device_id device,
+                      size_t offset, size_t size) {
   cl_bool unified = CL_FALSE;
   if (cl.clGetDeviceInfo(device, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof(unified), &unified,
                          nullptr) != CL_SUCCESS ||
-      unified != CL_TRUE) {
+      unified != CL_TRUE || size == 0) {
     return false;
   }
-  constexpr size_t kPage = 4096;
-  void* page = ::mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const size_t kPage = size;
+  const size_t mapped = offset + size + 4096;
+  void* page = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (page == MAP_FAILED) return false;
-  auto* bytes = static_cast<uint8_t*>(page);
+  auto* bytes = static_cast<uint8_t*>(page) + offset;
   bool shares = false;
   cl_int err = CL_SUCCESS;
-  cl_mem m = cl.clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, kPage, page, &err);
+  cl_mem m = cl.clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, kPage, bytes, &err);
   cl_command_queue q = m != nullptr ? cl.clCreateCommandQueue(ctx, device, 0, &err) : nullptr;
   if (q != nullptr) {
     const cl_uchar pattern = 0x5a;
@@ -78,7 +80,7 @@ bool SharesHostMemory(const cl_icd_dispatch& cl, cl_context ctx, cl_device_id de
     cl.clReleaseCommandQueue(q);
   }
   if (m != nullptr) cl.clReleaseMemObject(m);
-  ::munmap(page, kPage);
+  ::munmap(page, mapped);
   return shares;
 }
 

@@ -51,8 +51,11 @@ cl_mem CreateOnStorage(const cl_icd_dispatch& cl, cl_context ctx, cl_mem_flags f
 // says it has host-unified memory, and a page given as CL_MEM_USE_HOST_PTR is filled by the
 // device where the host sees it without a map, and what the host writes there is what the
 // device reads. Then the client may copy to and from such a buffer itself (docs/protocol.md,
-// "Buffers on shared memory"). A discrete GPU answers no.
-bool SharesHostMemory(const cl_icd_dispatch& cl, cl_context ctx, cl_device_id device);
+// "Buffers on shared memory"). A discrete GPU answers no. With `offset`, the buffer probed is
+// `size` bytes that far into a page (a small buffer's arena slot; a driver may work in place on
+// page-aligned memory only).
+bool SharesHostMemory(const cl_icd_dispatch& cl, cl_context ctx, cl_device_id device,
+                      size_t offset = 0, size_t size = 4096);
 
 class Residency {
  public:

@@ -713,6 +713,21 @@ bool Session::StorageFor(const ContextObj& ctx) {
   return true;
 }
 
+bool Session::SlotStorageFor(const ContextObj& ctx, uint64_t offset) {
+  if (offset % 4096 == 0) return true;  // page-aligned: what StorageFor probed
+  shares_host_slots_.resize(backend_.devices().size(), -1);
+  for (uint32_t d : ctx.devices) {
+    if (d >= shares_host_slots_.size()) return false;
+    if (shares_host_slots_[d] < 0) {
+      shares_host_slots_[d] =
+          SharesHostMemory(cl_, ctx.ctx->h, backend_.devices()[d], kArenaAlign, kArenaAlign) ? 1
+                                                                                            : 0;
+    }
+    if (shares_host_slots_[d] == 0) return false;
+  }
+  return true;
+}
+
 namespace {
 // Buffers on shared memory one session may hold: each is a mapping, and a process has at most
 // vm.max_map_count (65,530 by default) for everything.
@@ -734,6 +749,28 @@ void Session::StorageBooks::ApplyLocked() const {
   if (::getrlimit(RLIMIT_DATA, &lim) != 0) return;
   lim.rlim_cur = bytes >= data_limit ? 0 : data_limit - bytes;
   ::setrlimit(RLIMIT_DATA, &lim);
+}
+
+Result<std::shared_ptr<HostBuffer>> Session::ArenaFor(uint32_t arena) {
+  int fd = passed_fd_;
+  passed_fd_ = -1;
+  if (auto it = arenas_.find(arena); it != arenas_.end()) {
+    if (fd >= 0) ::close(fd);  // offered again (an earlier request failed after taking it)
+    return it->second;
+  }
+  if (fd < 0) return InvalidArgument("unknown storage arena");
+  struct stat st{};
+  if (arenas_.size() >= kMaxArenas || ::fstat(fd, &st) != 0 || st.st_size <= 0 ||
+      static_cast<uint64_t>(st.st_size) > kArenaMaxBytes) {
+    ::close(fd);
+    return InvalidArgument(arenas_.size() >= kMaxArenas ? "too many storage arenas"
+                                                         : "a storage arena of a bad size");
+  }
+  // Not populated: a page is faulted in where a buffer on it is first touched.
+  GMUX_ASSIGN_OR_RETURN(auto mapped, HostBuffer::MapSealed(fd, static_cast<size_t>(st.st_size),
+                                                           /*populate=*/false));
+  arenas_[arena] = mapped;
+  return mapped;
 }
 
 bool Session::StorageRoom(uint64_t bytes) {
@@ -1017,30 +1054,47 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       std::shared_ptr<uint8_t> storage;
       bool on_storage = false, in_place = false;
       if (r.getStorage()) {
-        if (passed_fd_ < 0) return {CL_INVALID_VALUE, "buffer storage without a descriptor"};
         if (r.getInitialData() != 0) {
           return {CL_INVALID_VALUE, "buffer storage and initial data both given"};
         }
-        int fd = passed_fd_;
-        passed_fd_ = -1;
-        auto mapped = HostBuffer::MapSealed(fd, r.getSize(), /*populate=*/false);
-        if (!mapped.ok()) return {CL_INVALID_VALUE, mapped.status().message()};
         in_place = StorageFor(*ctx);
-        on_storage = in_place && StorageRoom(r.getSize());
+        std::shared_ptr<HostBuffer> mapped;
+        uint64_t at = 0;
+        if (r.getStorageArena() != 0) {
+          // A small buffer in one of the client's arenas (mapped here once, for the session).
+          auto found = ArenaFor(r.getStorageArena());
+          if (!found.ok()) return {CL_INVALID_VALUE, found.status().message()};
+          mapped = *found;
+          at = r.getStorageOffset();
+          if (at % kArenaAlign != 0 || at > mapped->size() || r.getSize() > mapped->size() - at) {
+            return {CL_INVALID_VALUE, "buffer storage outside its arena"};
+          }
+        } else {
+          if (passed_fd_ < 0) return {CL_INVALID_VALUE, "buffer storage without a descriptor"};
+          int fd = passed_fd_;
+          passed_fd_ = -1;
+          auto whole = HostBuffer::MapSealed(fd, r.getSize(), /*populate=*/false);
+          if (!whole.ok()) return {CL_INVALID_VALUE, whole.status().message()};
+          mapped = *whole;
+        }
+        // A slot inside a page on a device that works in place on whole pages only: no
+        // storage, answered plainly (the client's later page-aligned slots may have it).
+        on_storage = in_place && (r.getStorageArena() == 0 || SlotStorageFor(*ctx, at)) &&
+                     StorageRoom(r.getSize());
         if (on_storage) {
           // The device's first touch of each page would fault in this process too (an output
           // buffer's, or an input's the application wrote): a large one is faulted in ahead.
-          if (r.getSize() >= Prefaulter::kMinBytes) (*mapped)->FaultInAhead();
+          if (r.getSize() >= Prefaulter::kMinBytes) mapped->FaultInAhead();
           // Booked until the mapping goes (the buffer's last backend object destroyed).
-          auto unbook = [keep = *mapped, books = storage_books_, n = r.getSize()](uint8_t*) {
+          auto unbook = [keep = mapped, books = storage_books_, n = r.getSize()](uint8_t*) {
             std::lock_guard<std::mutex> lock(books->mu);
             books->bytes -= n;
             --books->buffers;
             books->ApplyLocked();
           };
-          storage = std::shared_ptr<uint8_t>((*mapped)->data(), std::move(unbook));
+          storage = std::shared_ptr<uint8_t>(mapped->data() + at, std::move(unbook));
         } else {
-          storage = std::shared_ptr<uint8_t>(*mapped, (*mapped)->data());
+          storage = std::shared_ptr<uint8_t>(mapped, mapped->data() + at);
         }
         if (!on_storage && (r.getFlags() & CL_MEM_COPY_HOST_PTR) != 0) {
           flags |= CL_MEM_COPY_HOST_PTR;
@@ -2893,6 +2947,7 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setSession(session);
   h.setRemoteCopy(remote_copy);
   h.setBufferStorage(true);
+  h.setStorageArenas(true);
   h.setDataFrames(true);
   const auto& devs = backend.devices();
   // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).

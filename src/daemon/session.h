@@ -324,6 +324,14 @@ class Session {
   std::vector<std::shared_ptr<Command>> to_submit_;
   void SubmitPending();
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
+  // The client's storage arenas for small buffers (docs/protocol.md, "Buffers on shared
+  // memory"), by number: mapped once, for the session (each buffer on one holds it too).
+  std::unordered_map<uint32_t, std::shared_ptr<HostBuffer>> arenas_;
+  static constexpr size_t kMaxArenas = 64;
+  static constexpr uint64_t kArenaMaxBytes = 64u << 20;
+  static constexpr uint64_t kArenaAlign = 256;
+  // The arena of that number, mapped from the request's descriptor the first time.
+  Result<std::shared_ptr<HostBuffer>> ArenaFor(uint32_t arena);
   // The first segment of every reply's builder, zeroed (the builder zeroes what it used when it
   // is destroyed): most requests are launches that are never answered, and a builder of its own
   // would allocate and clear 8 KiB for each.
@@ -339,7 +347,11 @@ class Session {
   // Per backend device: whether buffers may live on the client's shared memory
   // (SharesHostMemory, asked once; -1 not yet).
   std::vector<int8_t> shares_host_;
+  std::vector<int8_t> shares_host_slots_;  // the same for a small slot inside a page
   bool StorageFor(const ContextObj& ctx);
+  // Whether a small buffer placed `offset` bytes into a page works in place too (probed once
+  // per device with a 256-byte buffer 256 bytes into a page).
+  bool SlotStorageFor(const ContextObj& ctx, uint64_t offset);
   // The session's buffers on shared memory still mapped, and the worker's memory limit they
   // share with its private memory (StorageRoom).
   struct StorageBooks {

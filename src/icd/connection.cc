@@ -226,6 +226,7 @@ Connection* Connection::Connect() {
   const char* frames_env = std::getenv("GMUX_DATA_FRAMES");
   const bool data_frames = frames_env == nullptr || std::strcmp(frames_env, "0") != 0;
   h.setDataFrames(data_frames);
+  bool storage_arenas = false;  // the worker's answer
   if (!tcp && !no_shm && OfferRemoteCopy(fd)) {
     h.setProbe(reinterpret_cast<uintptr_t>(&remote_probe));
     h.setProbeCookie(remote_probe);
@@ -266,6 +267,7 @@ Connection* Connection::Connect() {
     conn->remote_copy_ = !tcp && rep.getHello().getRemoteCopy();
     conn->storage_enabled_ = !tcp && rep.getHello().getBufferStorage();
     conn->data_frames_ = data_frames && rep.getHello().getDataFrames();
+    storage_arenas = rep.getHello().getStorageArenas();
     conn->hello_pid_ = ::getpid();
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
@@ -299,6 +301,10 @@ Connection* Connection::Connect() {
   if (const char* e = std::getenv("GMUX_BUFFER_STORAGE");
       e != nullptr && std::strcmp(e, "0") == 0) {
     conn->storage_enabled_ = false;
+  }
+  if (const char* e = std::getenv("GMUX_STORAGE_ARENAS");
+      !storage_arenas || (e != nullptr && std::strcmp(e, "0") == 0)) {
+    conn->arenas_enabled_ = false;
   }
   rlimit files{};
   if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
@@ -573,6 +579,64 @@ ShmBuffer Connection::CreateStorage(size_t size) {
     return {};
   }
   return {fd, p, size, 0};
+}
+
+namespace {
+size_t ArenaClass(size_t size) {
+  size_t k = 0;
+  while ((Connection::kArenaSlotMin << k) < size) ++k;
+  return k;
+}
+}  // namespace
+
+Connection::ArenaSlot Connection::TakeArenaSlot(size_t size) {
+  if (Forked() || !UseArena(size)) return {};
+  const size_t k = ArenaClass(size);
+  const size_t slot = kArenaSlotMin << k;
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  auto& free = arena_free_[k];
+  if (free.empty()) {
+    // A new block of slots, from the last arena or a new one.
+    if (arenas_.empty() || arenas_.back().carved + kArenaBlock > kArenaBytes) {
+      if (arenas_.size() >= kArenaMax) return {};
+      ShmBuffer made = CreateStorage(kArenaBytes);
+      if (!made.valid()) return {};
+      arenas_.push_back({made.fd, static_cast<uint8_t*>(made.map), 0});
+    }
+    Arena& a = arenas_.back();
+    const auto number = static_cast<uint32_t>(arenas_.size());
+    // Handed out from the block's start (reversed, so the lowest offset goes first).
+    for (size_t at = kArenaBlock; at >= slot; at -= slot) {
+      free.emplace_back(number, a.carved + at - slot);
+    }
+    a.carved += kArenaBlock;
+  }
+  auto [number, offset] = free.back();
+  free.pop_back();
+  const Arena& a = arenas_[number - 1];
+  ArenaSlot s{number, offset, a.map + offset, -1};
+  if (a.fd >= 0) {
+    s.pass_fd = ::fcntl(a.fd, F_DUPFD_CLOEXEC, 0);
+    if (s.pass_fd < 0) {
+      free.emplace_back(number, offset);
+      return {};
+    }
+  }
+  return s;
+}
+
+void Connection::ArenaTaken(uint32_t arena) {
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  if (arena == 0 || arena > arenas_.size()) return;
+  Arena& a = arenas_[arena - 1];
+  if (a.fd >= 0) ::close(a.fd);
+  a.fd = -1;
+}
+
+void Connection::FreeArenaSlot(uint32_t arena, uint64_t offset, size_t size) {
+  if (Forked() || arena == 0 || size == 0 || size >= kStorageMinBytes) return;
+  std::lock_guard<std::mutex> lock(arena_mu_);
+  arena_free_[ArenaClass(size)].emplace_back(arena, offset);
 }
 
 ShmBuffer Connection::TakeStorage(size_t size) {

@@ -172,6 +172,28 @@ class Connection {
   static constexpr size_t kStoragePoolMaxBytes = 32u << 20;
   static constexpr size_t kStoragePoolBytes = 64u << 20;
   static constexpr size_t kStoragePoolEntries = 16;
+  // Small buffers' storage (docs/protocol.md, "Buffers on shared memory"): buffers under
+  // kStorageMinBytes share memfds of kArenaBytes ("arenas"), one slot each, a power of two
+  // from kArenaSlotMin bytes aligned to its size (carved from the arena 64 KiB at a time);
+  // freed slots are reused by size. At most kArenaMax arenas: past them, small buffers have
+  // no storage (their transfers take the copying paths). Not with GMUX_STORAGE_ARENAS=0 (nor
+  // where buffers have no storage at all), nor in a forked child.
+  struct ArenaSlot {
+    uint32_t arena = 0;  // 0: no slot
+    uint64_t offset = 0;
+    uint8_t* at = nullptr;
+    // A duplicate of the arena's descriptor while the worker has not taken the arena: sent
+    // with the request, then closed by the caller (-1 once the worker has it).
+    int pass_fd = -1;
+  };
+  bool UseArena(size_t size) const { return arenas_enabled_ && UseStorage(kStorageMinBytes) &&
+                                            size > 0 && size < kStorageMinBytes; }
+  ArenaSlot TakeArenaSlot(size_t size);
+  void ArenaTaken(uint32_t arena);  // the worker has mapped it: its descriptor is closed
+  void FreeArenaSlot(uint32_t arena, uint64_t offset, size_t size);
+  static constexpr size_t kArenaBytes = 2u << 20;
+  static constexpr size_t kArenaMax = 32;
+  static constexpr size_t kArenaSlotMin = 256;
   // Whether the daemon is gone (every call fails from now on).
   bool Lost() const { return dead_.load(std::memory_order_relaxed) || Forked(); }
 
@@ -247,6 +269,17 @@ class Connection {
   std::atomic<int> storage_fds_{0};        // descriptors live buffers keep
   int storage_fds_max_ = 0;                // set at connection
   ShmBuffer CreateShm(size_t size);  // a new memfd of at least `size` bytes, mapped
+  struct Arena {
+    int fd = -1;  // closed once the worker has mapped the arena
+    uint8_t* map = nullptr;
+    size_t carved = 0;  // bytes handed to the slot lists so far
+  };
+  static constexpr size_t kArenaClasses = 9;  // slots of 256 B to 64 KiB
+  static constexpr size_t kArenaBlock = 64u << 10;
+  std::mutex arena_mu_;       // guards arenas_ and arena_free_
+  std::vector<Arena> arenas_;  // arena n is arenas_[n - 1]; mapped for the process's life
+  std::vector<std::pair<uint32_t, uint64_t>> arena_free_[kArenaClasses];
+  bool arenas_enabled_ = true;
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off

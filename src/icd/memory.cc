@@ -20,6 +20,18 @@ std::unique_ptr<_cl_mem> NewMem(cl_context ctx, cl_mem_flags flags, size_t size,
 
 namespace {
 
+// A context's small buffers released while its commands were in flight give their arena slots
+// back once none is: then no command can still touch them (see Destroy).
+void ReuseArenaSlots(cl_context ctx, Connection& c) {
+  if (ctx->in_flight.load(std::memory_order_acquire) != 0) return;
+  std::vector<std::tuple<uint32_t, uint64_t, size_t>> slots;
+  {
+    std::lock_guard<std::mutex> lock(ctx->mu);
+    slots.swap(ctx->arena_deferred);
+  }
+  for (const auto& [arena, offset, size] : slots) c.FreeArenaSlot(arena, offset, size);
+}
+
 cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr,
                   std::vector<cl_mem_properties> properties, cl_int* err) {
   if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
@@ -51,10 +63,18 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   if (fresh && size >= Prefaulter::kMinBytes) {
     prefault = Prefaulter::Get().Start(storage.map, size);
   }
+  // A small buffer: a slot of an arena the connection shares with the worker.
+  Connection::ArenaSlot slot;
+  if (!storage.valid() && (flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS)) == 0 &&
+      c.UseArena(size) && !ctx->storage_declined.load(std::memory_order_relaxed)) {
+    ReuseArenaSlots(ctx, c);
+    slot = c.TakeArenaSlot(size);
+  }
+  uint8_t* place = storage.valid() ? static_cast<uint8_t*>(storage.map) : slot.at;
   uint64_t token = 0;
   ShmBuffer held;
-  if (needs_ptr && storage.valid()) {
-    CopyBytes(storage.map, host_ptr, size);  // the initial contents, where the worker finds them
+  if (needs_ptr && place != nullptr) {
+    CopyBytes(place, host_ptr, size);  // the initial contents, where the worker finds them
   } else if (needs_ptr) {
     token = c.SendBulk(host_ptr, size, &held);
     if (token == 0) return Fail(err, CL_OUT_OF_RESOURCES);
@@ -68,12 +88,35 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   r.setFlags(flags);
   r.setSize(size);
   r.setInitialData(token);
-  r.setStorage(storage.valid());
+  r.setStorage(place != nullptr);
+  r.setStorageArena(slot.arena);
+  r.setStorageOffset(slot.offset);
   // A round trip: allocation failures (CL_INVALID_BUFFER_SIZE, out of memory) are reported here.
   // The daemon has copied the initial data once it answers.
   std::optional<proto::Message> reply;
-  cl_int e = c.Call(b, storage.valid() ? &reply : nullptr, nullptr, storage.fd);
+  cl_int e = c.Call(b, place != nullptr ? &reply : nullptr, nullptr,
+                    storage.valid() ? storage.fd : slot.pass_fd);
   c.ReleaseShm(held);
+  if (slot.arena != 0) {
+    if (slot.pass_fd >= 0) {
+      ::close(slot.pass_fd);
+      if (e == CL_SUCCESS) c.ArenaTaken(slot.arena);
+    }
+    bool used = false;
+    if (e == CL_SUCCESS && reply) {
+      auto root = reply->root<wire::Reply>();
+      used = root.isStorage() && root.getStorage();
+      // Its devices do not work in place: no more storage for this context.
+      if (root.isStorage() && !root.getStorage()) ctx->storage_declined = true;
+    }
+    if (used) {
+      m->storage = slot.at;
+      m->arena = slot.arena;
+      m->arena_offset = slot.offset;
+    } else {
+      c.FreeArenaSlot(slot.arena, slot.offset, size);
+    }
+  }
   if (storage.valid()) {
     bool used = false, declined = false;
     if (e == CL_SUCCESS && reply) {
@@ -181,7 +224,18 @@ void Destroy(_cl_mem* m) {
   // is kept for the next buffer of its size when no command of the context is in flight (so
   // none can still write it; the worker releases its buffer before it makes the next one on
   // the same memory, in stream order); else, or without room, it goes.
-  if (m->storage != nullptr) {
+  if (m->arena != 0) {
+    // A slot of an arena (mapped for the process's life): reused for the next small buffer
+    // when no command of the context is in flight, else once none is.
+    if (Connection* c = TryConn(); c != nullptr) {
+      if (ctx->in_flight.load(std::memory_order_acquire) == 0) {
+        c->FreeArenaSlot(m->arena, m->arena_offset, m->size);
+      } else {
+        std::lock_guard<std::mutex> lock(ctx->mu);
+        ctx->arena_deferred.emplace_back(m->arena, m->arena_offset, m->size);
+      }
+    }
+  } else if (m->storage != nullptr) {
     Prefaulter::Get().Stop(m->prefault);
     Connection* c = m->storage_fd >= 0 ? TryConn() : nullptr;
     if (c != nullptr) c->DropStorageFd();

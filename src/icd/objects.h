@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,9 @@ struct _cl_context : gmux::icd::ObjectHeader {
   // good). At 0 no command can touch this context's buffers: a buffer on shared memory
   // released then may keep its memory for the next one (memory.cc).
   std::atomic<int64_t> in_flight{0};
+  // Slots of small buffers released while commands of this context were in flight (arena,
+  // offset, size): reused once none is (memory.cc; under `mu`).
+  std::vector<std::tuple<uint32_t, uint64_t, size_t>> arena_deferred;
   // clSetContextDestructorCallback's callbacks, in registration order (run in reverse when the
   // last reference is released).
   std::vector<std::pair<void(CL_CALLBACK*)(cl_context, void*), void*>> destructors;
@@ -129,6 +133,10 @@ struct _cl_mem : gmux::icd::ObjectHeader {
   // The memfd behind `storage`, kept open while the connection has room for it
   // (Connection::KeepStorageFd), so that the memory can be reused when the buffer goes.
   int storage_fd = -1;
+  // A small buffer's `storage` is a slot of one of the connection's arenas (number, offset;
+  // Connection::ArenaSlot) rather than a memfd of its own.
+  uint32_t arena = 0;
+  uint64_t arena_offset = 0;
   // Faulting `storage` in ahead of the application (a new large one; common/prefault.h): stopped
   // before `storage` is unmapped or pooled.
   std::shared_ptr<gmux::Prefaulter::Job> prefault;

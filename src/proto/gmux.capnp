@@ -135,6 +135,7 @@ struct HelloReply {
   bufferStorage @5 :Bool;  # the worker knows CreateBuffer's `storage` (buffers on shared memory)
   dataFrames @6 :Bool;     # the worker takes bulk data as data frames (proto/frame.h) and, when
                            # the hello offered it, sends a read's data so
+  storageArenas @7 :Bool;  # the worker knows CreateBuffer's `storageArena` (small buffers)
 }
 
 struct GetInfo {
@@ -172,6 +173,13 @@ struct CreateBuffer {
   # `storage` says so) and the client copies blocking transfers to and from it itself;
   # otherwise the worker copies the initial contents from it and lets it go.
   storage @5 :Bool;
+  # Small buffers (under 64 KiB) share the client's storage arenas instead of a memfd each:
+  # with `storage`, a nonzero arena places the buffer at `storageOffset` (a multiple of 256) in
+  # the client's arena of that number. The first request naming an arena the worker has not
+  # taken carries the arena's memfd (sealed against shrinking, at most 64 MiB); later ones
+  # carry none.
+  storageArena @6 :UInt32;
+  storageOffset @7 :UInt64;
 }
 
 struct CreateSubBuffer {

@@ -1003,8 +1003,58 @@ int StorageClient(const std::string& socket) {
   // PoCL's CPU device works on host memory in place: the buffer is the client's memory.
   if (got != v) return 85;
   if (::ftruncate(good, 0) == 0) return 86;  // sealed: the worker's mapping cannot fault
-  ::close(out);
   ::close(good);
+  // Small buffers in arenas: an unknown arena, an unsealed or oversized memfd, and slots that
+  // are misaligned or reach past the arena's end are refused; a good arena is mapped once and
+  // names every later slot without a descriptor.
+  auto in_arena = [&](uint64_t id, uint32_t arena, uint64_t offset, int fd) {
+    return call(
+        [&](wire::Request::Builder r) {
+          auto m = r.initCreateBuffer();
+          m.setId(id);
+          m.setContext(1);
+          m.setFlags(CL_MEM_READ_WRITE);
+          m.setSize(4096);
+          m.setStorage(true);
+          m.setStorageArena(arena);
+          m.setStorageOffset(offset);
+        },
+        fd);
+  };
+  if (in_arena(20, 5, 0, -1) == CL_SUCCESS) return 87;
+  int loose = ::memfd_create("arena-unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (loose < 0 || ::ftruncate(loose, 1 << 20) != 0 || in_arena(21, 5, 0, loose) == CL_SUCCESS) {
+    return 88;
+  }
+  ::close(loose);
+  int huge = MakeSealedMemfd(uint64_t{128} << 20);
+  if (huge < 0 || in_arena(22, 5, 0, huge) == CL_SUCCESS) return 89;
+  ::close(huge);
+  int arena = MakeSealedMemfd(1u << 20);
+  if (arena < 0 || in_arena(23, 6, 8192, arena) != CL_SUCCESS) return 90;
+  if (in_arena(24, 6, 100, -1) == CL_SUCCESS) return 91;                  // misaligned
+  if (in_arena(25, 6, (1u << 20) - 256, -1) == CL_SUCCESS) return 92;      // past the end
+  if (in_arena(26, 6, ~uint64_t{255}, -1) == CL_SUCCESS) return 93;        // far past it
+  if (in_arena(27, 6, 0, -1) != CL_SUCCESS) return 94;                     // no descriptor
+  const uint64_t w = Pattern(11);
+  if (::pwrite(arena, &w, sizeof(w), 8192 + 24) != sizeof(w)) return 95;
+  st = call(
+      [&](wire::Request::Builder r) {
+        auto e = r.initEnqueue();
+        e.setQueue(2);
+        e.setEvent(301);
+        auto rb = e.initReadBuffer();
+        rb.setMem(23);
+        rb.setOffset(24);
+        rb.setSize(8);
+        rb.setShm(true);
+      },
+      out);
+  got = 0;
+  if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got)) return 96;
+  if (got != w) return 97;
+  ::close(arena);
+  ::close(out);
   return 0;
 }
 

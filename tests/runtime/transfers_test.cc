@@ -13,11 +13,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -704,6 +706,117 @@ TEST(TransfersTest, NewLargeBuffersFaultedInAheadKeepEveryByte) {
   }
   clReleaseKernel(kern);
   clReleaseProgram(p);
+}
+
+// Small buffers (under 64 KiB) on shared memory are slots of a few shared arenas: hundreds of
+// them of odd sizes, with initial contents or written, copied by the device, read whole and at
+// offsets, through sub-buffers, released and their slots reused, each keep their own bytes.
+TEST(TransfersTest, SmallBuffersShareArenasAndKeepEveryByte) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const bool expect_arenas = !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") &&
+                             !EnvIs("GMUX_BUFFER_STORAGE", "0") &&
+                             !EnvIs("GMUX_STORAGE_ARENAS", "0");
+  const auto files_before = StorageFiles();
+  const size_t sizes[] = {1, 3, 255, 256, 257, 4095, 4096, 4097, 40000, 65535};
+  struct Small {
+    cl_mem m = nullptr;
+    std::vector<uint8_t> bytes;
+  };
+  auto bytes_of = [](size_t n, uint32_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>((i * 131 + seed * 7 + 1) >> 1);
+    return v;
+  };
+  cl_int err;
+  std::vector<Small> live;
+  uint32_t seed = 0;
+  auto make = [&](size_t n) {
+    Small s;
+    s.bytes = bytes_of(n, ++seed);
+    if (seed % 2 == 0) {
+      s.m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n,
+                           s.bytes.data(), &err);
+      EXPECT_EQ(err, CL_SUCCESS);
+    } else {
+      s.m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, n, nullptr, &err);
+      EXPECT_EQ(err, CL_SUCCESS);
+      EXPECT_EQ(clEnqueueWriteBuffer(d.queue, s.m, CL_TRUE, 0, n, s.bytes.data(), 0, nullptr,
+                                     nullptr), CL_SUCCESS);
+    }
+    live.push_back(std::move(s));
+  };
+  auto check_all = [&](const char* when) {
+    for (size_t i = 0; i < live.size(); ++i) {
+      std::vector<uint8_t> got(live[i].bytes.size(), 0);
+      ASSERT_EQ(clEnqueueReadBuffer(d.queue, live[i].m, CL_TRUE, 0, got.size(), got.data(), 0,
+                                    nullptr, nullptr), CL_SUCCESS);
+      ASSERT_EQ(got, live[i].bytes) << when << ", buffer " << i << " of " << got.size() << " B";
+    }
+  };
+  for (int i = 0; i < 300; ++i) make(sizes[i % std::size(sizes)]);
+  check_all("after creation");
+  if (expect_arenas) {
+    const auto files = StorageFiles();
+    size_t fresh = 0;
+    for (uint64_t f : files) fresh += files_before.count(f) == 0 ? 1 : 0;
+    EXPECT_GE(fresh, 1u) << "small buffers are not on shared memory";
+    EXPECT_LE(fresh, 8u) << "300 small buffers made " << fresh << " memfds";
+  }
+  // The device copies between them (in queue order after blocking writes of the same bytes).
+  for (size_t i = 0; i + 1 < live.size(); i += 7) {
+    Small& from = live[i];
+    Small& to = live[i + 1];
+    const size_t n = std::min(from.bytes.size(), to.bytes.size());
+    ASSERT_EQ(clEnqueueCopyBuffer(d.queue, from.m, to.m, 0, 0, n, 0, nullptr, nullptr),
+              CL_SUCCESS);
+    std::copy(from.bytes.begin(), from.bytes.begin() + static_cast<long>(n), to.bytes.begin());
+  }
+  // Non-blocking reads at an offset, then clFinish.
+  std::vector<std::vector<uint8_t>> tails(live.size());
+  for (size_t i = 0; i < live.size(); ++i) {
+    const size_t off = live[i].bytes.size() / 3;
+    tails[i].assign(live[i].bytes.size() - off, 0);
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, live[i].m, CL_FALSE, off, tails[i].size(),
+                                  tails[i].data(), 0, nullptr, nullptr), CL_SUCCESS);
+  }
+  ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+  for (size_t i = 0; i < live.size(); ++i) {
+    const size_t off = live[i].bytes.size() / 3;
+    ASSERT_TRUE(std::equal(tails[i].begin(), tails[i].end(), live[i].bytes.begin() +
+                           static_cast<long>(off))) << "buffer " << i;
+  }
+  // A sub-buffer of a small buffer writes into its parent's slot.
+  cl_uint align_bits = 0;
+  clGetDeviceInfo(d.device, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof(align_bits), &align_bits,
+                  nullptr);
+  const size_t origin = std::max<size_t>(align_bits / 8, 1);
+  for (Small& s : live) {
+    if (s.bytes.size() < origin + 64) continue;
+    cl_buffer_region region{origin, 64};
+    cl_mem sub = clCreateSubBuffer(s.m, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region,
+                                   &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    auto patch = bytes_of(64, 999);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, sub, CL_TRUE, 0, 64, patch.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    std::copy(patch.begin(), patch.end(), s.bytes.begin() + static_cast<long>(origin));
+    clReleaseMemObject(sub);
+    break;
+  }
+  // Every other one released, and as many made again on their slots.
+  std::vector<Small> kept;
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (i % 2 == 0) {
+      clReleaseMemObject(live[i].m);
+    } else {
+      kept.push_back(std::move(live[i]));
+    }
+  }
+  live = std::move(kept);
+  for (int i = 0; i < 150; ++i) make(sizes[(i * 3) % std::size(sizes)]);
+  check_all("after reuse");
+  for (Small& s : live) clReleaseMemObject(s.m);
 }
 
 #if !defined(GMUX_TEST_NO_SHM) && !defined(GMUX_TEST_NO_REMOTE) && !defined(GMUX_TEST_TCP)
