@@ -749,8 +749,10 @@ bool NoCompilerError(const cl_icd_dispatch& cl, cl_program program,
 }
 }  // namespace
 
-bool Session::SlotStorageFor(const ContextObj& ctx, uint64_t offset) {
-  if (offset % 4096 == 0) return true;  // page-aligned: what StorageFor probed
+bool Session::SlotStorageFor(const ContextObj& ctx, uint64_t offset, uint64_t size) {
+  // Whole pages: what StorageFor probed.
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (offset % page == 0 && size % page == 0) return true;
   shares_host_slots_.resize(backend_.devices().size(), -1);
   for (uint32_t d : ctx.devices) {
     if (d >= shares_host_slots_.size()) return false;
@@ -809,7 +811,7 @@ Result<std::shared_ptr<HostBuffer>> Session::ArenaFor(uint32_t arena) {
   return mapped;
 }
 
-bool Session::StorageRoom(uint64_t bytes) {
+bool Session::StorageRoom(uint64_t bytes, bool own_mapping) {
   // The worker's memory limit (worker_memory_bytes, RLIMIT_DATA) does not see shared mappings:
   // while buffers are on shared memory, RLIMIT_DATA is lowered by their bytes, and a buffer
   // fits only while they and the private data in use stay within the limit together. So a
@@ -818,10 +820,10 @@ bool Session::StorageRoom(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(storage_books_->mu);
   StorageBooks& b = *storage_books_;
   b.ReadLimitLocked();
-  if (b.buffers >= kMaxStorageBuffers) return false;
+  if (own_mapping && b.buffers >= kMaxStorageBuffers) return false;
   if (b.data_limit != 0 && b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) return false;
   b.bytes += bytes;
-  ++b.buffers;
+  if (own_mapping) ++b.buffers;
   b.ApplyLocked();
   return true;
 }
@@ -1102,6 +1104,9 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
           if (!found.ok()) return {CL_INVALID_VALUE, found.status().message()};
           mapped = *found;
           at = r.getStorageOffset();
+          if (r.getSize() >= kArenaBufferMax) {
+            return {CL_INVALID_VALUE, "a buffer in an arena must be under 64 KiB"};
+          }
           if (at % kArenaAlign != 0 || at > mapped->size() || r.getSize() > mapped->size() - at) {
             return {CL_INVALID_VALUE, "buffer storage outside its arena"};
           }
@@ -1115,17 +1120,23 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         }
         // A slot inside a page on a device that works in place on whole pages only: no
         // storage, answered plainly (the client's later page-aligned slots may have it).
-        on_storage = in_place && (r.getStorageArena() == 0 || SlotStorageFor(*ctx, at)) &&
-                     StorageRoom(r.getSize());
+        // An arena's slot is booked whole (a multiple of kArenaAlign) and is no mapping of
+        // its own: the cap on buffers with their own mappings does not count it.
+        const bool own_mapping = r.getStorageArena() == 0;
+        const uint64_t booked =
+            own_mapping ? r.getSize() : (r.getSize() + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+        on_storage = in_place && (own_mapping || SlotStorageFor(*ctx, at, r.getSize())) &&
+                     StorageRoom(booked, own_mapping);
         if (on_storage) {
           // The device's first touch of each page would fault in this process too (an output
           // buffer's, or an input's the application wrote): a large one is faulted in ahead.
-          if (r.getSize() >= Prefaulter::kMinBytes) mapped->FaultInAhead();
+          if (own_mapping && r.getSize() >= Prefaulter::kMinBytes) mapped->FaultInAhead();
           // Booked until the mapping goes (the buffer's last backend object destroyed).
-          auto unbook = [keep = mapped, books = storage_books_, n = r.getSize()](uint8_t*) {
+          auto unbook = [keep = mapped, books = storage_books_, n = booked,
+                         own_mapping](uint8_t*) {
             std::lock_guard<std::mutex> lock(books->mu);
             books->bytes -= n;
-            --books->buffers;
+            if (own_mapping) --books->buffers;
             books->ApplyLocked();
           };
           storage = std::shared_ptr<uint8_t>(mapped->data() + at, std::move(unbook));

@@ -330,6 +330,7 @@ class Session {
   static constexpr size_t kMaxArenas = 64;
   static constexpr uint64_t kArenaMaxBytes = 64u << 20;
   static constexpr uint64_t kArenaAlign = 256;
+  static constexpr uint64_t kArenaBufferMax = 64u << 10;  // buffers in arenas are smaller
   // The arena of that number, mapped from the request's descriptor the first time.
   Result<std::shared_ptr<HostBuffer>> ArenaFor(uint32_t arena);
   // The first segment of every reply's builder, zeroed (the builder zeroes what it used when it
@@ -349,9 +350,9 @@ class Session {
   std::vector<int8_t> shares_host_;
   std::vector<int8_t> shares_host_slots_;  // the same for a small slot inside a page
   bool StorageFor(const ContextObj& ctx);
-  // Whether a small buffer placed `offset` bytes into a page works in place too (probed once
-  // per device with a 256-byte buffer 256 bytes into a page).
-  bool SlotStorageFor(const ContextObj& ctx, uint64_t offset);
+  // Whether a small buffer of `size` bytes at `offset` that is not whole pages works in place
+  // too (probed once per device with a 256-byte buffer 256 bytes into a page).
+  bool SlotStorageFor(const ContextObj& ctx, uint64_t offset, uint64_t size);
   // The session's buffers on shared memory still mapped, and the worker's memory limit they
   // share with its private memory (StorageRoom).
   struct StorageBooks {
@@ -376,7 +377,7 @@ class Session {
   std::shared_ptr<StorageBooks> storage_books_ = std::make_shared<StorageBooks>();
   // Books `bytes` more on shared memory when they fit; false to make the buffer in the
   // worker's own memory.
-  bool StorageRoom(uint64_t bytes);
+  bool StorageRoom(uint64_t bytes, bool own_mapping = true);
   // Books `what` ("a buffer", "an image") of `bytes` in the worker's own memory when it fits the
   // worker's memory limit (worker_memory_bytes) with everything else; the booking, in
   // `*booking` (left null without a limit), ends when that handle goes. Otherwise

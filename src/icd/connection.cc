@@ -304,7 +304,7 @@ Connection* Connection::Connect() {
   }
   if (const char* e = std::getenv("GMUX_STORAGE_ARENAS");
       !storage_arenas || (e != nullptr && std::strcmp(e, "0") == 0)) {
-    conn->arenas_enabled_ = false;
+    conn->arenas_enabled_.store(false);
   }
   rlimit files{};
   if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
@@ -633,10 +633,15 @@ void Connection::ArenaTaken(uint32_t arena) {
   a.fd = -1;
 }
 
-void Connection::FreeArenaSlot(uint32_t arena, uint64_t offset, size_t size) {
+void Connection::FreeArenaSlot(uint32_t arena, uint64_t offset, size_t size, bool last) {
   if (Forked() || arena == 0 || size == 0 || size >= kStorageMinBytes) return;
   std::lock_guard<std::mutex> lock(arena_mu_);
-  arena_free_[ArenaClass(size)].emplace_back(arena, offset);
+  auto& free = arena_free_[ArenaClass(size)];
+  if (last) {
+    free.emplace(free.begin(), arena, offset);
+  } else {
+    free.emplace_back(arena, offset);
+  }
 }
 
 ShmBuffer Connection::TakeStorage(size_t size) {

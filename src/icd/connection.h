@@ -186,11 +186,16 @@ class Connection {
     // with the request, then closed by the caller (-1 once the worker has it).
     int pass_fd = -1;
   };
-  bool UseArena(size_t size) const { return arenas_enabled_ && UseStorage(kStorageMinBytes) &&
-                                            size > 0 && size < kStorageMinBytes; }
+  bool UseArena(size_t size) const {
+    return arenas_enabled_.load(std::memory_order_relaxed) && UseStorage(kStorageMinBytes) &&
+           size > 0 && size < kStorageMinBytes;
+  }
   ArenaSlot TakeArenaSlot(size_t size);
   void ArenaTaken(uint32_t arena);  // the worker has mapped it: its descriptor is closed
-  void FreeArenaSlot(uint32_t arena, uint64_t offset, size_t size);
+  // `last`: taken after every other free slot of its size (one the worker put no buffer on).
+  void FreeArenaSlot(uint32_t arena, uint64_t offset, size_t size, bool last = false);
+  // The worker refused an arena it was offered (it could not map it): no more arenas.
+  void DisableArenas() { arenas_enabled_.store(false, std::memory_order_relaxed); }
   static constexpr size_t kArenaBytes = 2u << 20;
   static constexpr size_t kArenaMax = 32;
   static constexpr size_t kArenaSlotMin = 256;
@@ -279,7 +284,7 @@ class Connection {
   std::mutex arena_mu_;       // guards arenas_ and arena_free_
   std::vector<Arena> arenas_;  // arena n is arenas_[n - 1]; mapped for the process's life
   std::vector<std::pair<uint32_t, uint64_t>> arena_free_[kArenaClasses];
-  bool arenas_enabled_ = true;
+  std::atomic<bool> arenas_enabled_{true};
 
   int fd_ = -1;
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off

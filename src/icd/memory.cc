@@ -33,7 +33,7 @@ void ReuseArenaSlots(cl_context ctx, Connection& c) {
 }
 
 cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr,
-                  std::vector<cl_mem_properties> properties, cl_int* err) {
+                  std::vector<cl_mem_properties> properties, cl_int* err, bool arena = true) {
   if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
   bool needs_ptr = (flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR)) != 0;
   if (size == 0 || needs_ptr != (host_ptr != nullptr) ||
@@ -66,7 +66,7 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   // A small buffer: a slot of an arena the connection shares with the worker.
   Connection::ArenaSlot slot;
   if (!storage.valid() && (flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS)) == 0 &&
-      c.UseArena(size) && !ctx->storage_declined.load(std::memory_order_relaxed)) {
+      arena && c.UseArena(size) && !ctx->storage_declined.load(std::memory_order_relaxed)) {
     ReuseArenaSlots(ctx, c);
     slot = c.TakeArenaSlot(size);
   }
@@ -102,6 +102,16 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
       ::close(slot.pass_fd);
       if (e == CL_SUCCESS) c.ArenaTaken(slot.arena);
     }
+    if (e == CL_INVALID_VALUE && slot.pass_fd >= 0) {
+      // The worker could not take the arena (its mappings or address space full): small
+      // buffers go without arenas from now on, and this one is made again so.
+      // (Disabled when the buffer can be made without: else the request itself was wrong.)
+      c.FreeArenaSlot(slot.arena, slot.offset, size, /*last=*/true);
+      cl_mem again = MakeBuffer(ctx, flags, size, host_ptr, std::move(m->properties), err,
+                                /*arena=*/false);
+      if (again != nullptr) c.DisableArenas();
+      return again;
+    }
     bool used = false;
     if (e == CL_SUCCESS && reply) {
       auto root = reply->root<wire::Reply>();
@@ -114,7 +124,9 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
       m->arena = slot.arena;
       m->arena_offset = slot.offset;
     } else {
-      c.FreeArenaSlot(slot.arena, slot.offset, size);
+      // Not put on it (declined, or a failed call): the slot is the last of its size offered
+      // again, so that a slot the device cannot use in place is not tried for every buffer.
+      c.FreeArenaSlot(slot.arena, slot.offset, size, /*last=*/true);
     }
   }
   if (storage.valid()) {

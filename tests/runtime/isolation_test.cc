@@ -1007,14 +1007,15 @@ int StorageClient(const std::string& socket) {
   // Small buffers in arenas: an unknown arena, an unsealed or oversized memfd, and slots that
   // are misaligned or reach past the arena's end are refused; a good arena is mapped once and
   // names every later slot without a descriptor.
-  auto in_arena = [&](uint64_t id, uint32_t arena, uint64_t offset, int fd) {
+  auto in_arena = [&](uint64_t id, uint32_t arena, uint64_t offset, int fd,
+                      uint64_t size = 4096) {
     return call(
         [&](wire::Request::Builder r) {
           auto m = r.initCreateBuffer();
           m.setId(id);
           m.setContext(1);
           m.setFlags(CL_MEM_READ_WRITE);
-          m.setSize(4096);
+          m.setSize(size);
           m.setStorage(true);
           m.setStorageArena(arena);
           m.setStorageOffset(offset);
@@ -1053,6 +1054,30 @@ int StorageClient(const std::string& socket) {
   got = 0;
   if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got)) return 96;
   if (got != w) return 97;
+  // Not a small buffer: refused (only slots under 64 KiB are booked as such).
+  if (in_arena(28, 6, 0, -1, 64u << 10) == CL_SUCCESS) return 98;
+  // A descriptor offered again for a known arena is closed unused: the slot is the first
+  // arena's (what the client writes there is what the device reads).
+  int other = MakeSealedMemfd(1u << 20);
+  if (other < 0 || in_arena(29, 6, 4096 * 3, other) != CL_SUCCESS) return 99;
+  ::close(other);
+  if (::pwrite(arena, &v, sizeof(v), 4096 * 3) != sizeof(v)) return 100;
+  st = call(
+      [&](wire::Request::Builder r) {
+        auto e = r.initEnqueue();
+        e.setQueue(2);
+        e.setEvent(302);
+        auto rb = e.initReadBuffer();
+        rb.setMem(29);
+        rb.setOffset(0);
+        rb.setSize(8);
+        rb.setShm(true);
+      },
+      out);
+  got = 0;
+  if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got) || got != v) {
+    return 101;
+  }
   ::close(arena);
   ::close(out);
   return 0;

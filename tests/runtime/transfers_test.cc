@@ -814,8 +814,71 @@ TEST(TransfersTest, SmallBuffersShareArenasAndKeepEveryByte) {
     }
   }
   live = std::move(kept);
+  const auto files_mid = StorageFiles();
   for (int i = 0; i < 150; ++i) make(sizes[(i * 3) % std::size(sizes)]);
   check_all("after reuse");
+  if (expect_arenas) {
+    size_t fresh = 0;
+    for (uint64_t f : StorageFiles()) fresh += files_mid.count(f) == 0 ? 1 : 0;
+    EXPECT_EQ(fresh, 0u) << "released slots were not reused";
+  }
+  // Released while a kernel that writes them is queued: their slots are not reused until the
+  // queue is done, and the buffers made meanwhile and after keep their own bytes.
+  std::string log;
+  cl_program p = BuildProgram(d, R"(
+    __kernel void fill(__global uchar* a, uchar v) { a[get_global_id(0)] = v; })", &log);
+  ASSERT_NE(p, nullptr) << log;
+  cl_kernel kern = clCreateKernel(p, "fill", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  for (int round = 0; round < 4; ++round) {
+    std::vector<cl_mem> doomed;
+    for (int i = 0; i < 20; ++i) {
+      cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 4096, nullptr, &err);
+      ASSERT_EQ(err, CL_SUCCESS);
+      const cl_uchar v = 0xee;
+      clSetKernelArg(kern, 0, sizeof(cl_mem), &m);
+      clSetKernelArg(kern, 1, sizeof(v), &v);
+      size_t global = 4096;
+      ASSERT_EQ(clEnqueueNDRangeKernel(d.queue, kern, 1, nullptr, &global, nullptr, 0, nullptr,
+                                       nullptr), CL_SUCCESS);
+      doomed.push_back(m);
+    }
+    for (cl_mem m : doomed) clReleaseMemObject(m);
+    for (int i = 0; i < 20; ++i) make(4096);
+    ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+    for (int i = 0; i < 20; ++i) make(4096);
+    check_all("after releases with kernels queued");
+  }
+  // Threads making small buffers at once (new arenas among them) each keep their own.
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        const size_t n = 64 + static_cast<size_t>((t * 997 + i * 131) % 30000);
+        auto want = bytes_of(n, static_cast<uint32_t>(1000 + t * 1000 + i));
+        cl_int e = CL_SUCCESS;
+        cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n,
+                                  want.data(), &e);
+        if (e != CL_SUCCESS) {
+          ++wrong;
+          continue;
+        }
+        std::vector<uint8_t> got(n, 0);
+        if (clEnqueueReadBuffer(d.queue, m, CL_TRUE, 0, n, got.data(), 0, nullptr, nullptr) !=
+                CL_SUCCESS ||
+            got != want) {
+          ++wrong;
+        }
+        clReleaseMemObject(m);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  check_all("after the threads");
+  clReleaseKernel(kern);
+  clReleaseProgram(p);
   for (Small& s : live) clReleaseMemObject(s.m);
 }
 
