@@ -1573,7 +1573,10 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
           const bool pool = it->second.pool;
           contexts_.erase(it);
           n = 1;
-          if (pool && pool_contexts_ > 0) sink_.PoolContexts(--pool_contexts_);
+          if (pool && pool_contexts_ > 0) {
+            SubmitPending();  // the context's last commands are reported before its end
+            sink_.PoolContexts(--pool_contexts_);
+          }
           break;
         }
         case wire::ObjectKind::QUEUE: n = queues_.erase(r.getId()); break;

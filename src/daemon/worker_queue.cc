@@ -712,8 +712,18 @@ CommandSink::LeaseAnswer WorkerQueue::AcquireLease(uint32_t fallback, int client
 }
 
 void WorkerQueue::PoolContexts(uint64_t count) {
-  ctl::PoolContexts c{count};
-  if (!broker_gone_) ctl::Send(ctl_fd_, ctl::Type::kPoolContexts, &c, sizeof(c), 1).IgnoreError();
+  // In order after the commands submitted before, with their reports sent first: the lease may
+  // end with this message, and a Ready after it would be work on a device no longer held (the
+  // broker ends a session for that).
+  RunOrPost(
+      [this, count] {
+        FlushReady(/*force_report=*/true);
+        ctl::PoolContexts c{count};
+        if (!broker_gone_) {
+          ctl::Send(ctl_fd_, ctl::Type::kPoolContexts, &c, sizeof(c), 1).IgnoreError();
+        }
+      },
+      /*device_callback=*/false);
 }
 
 void WorkerQueue::AddPoolQueue(const Ref<cl_command_queue>& queue, const Ref<cl_context>& context,
