@@ -36,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -986,22 +987,28 @@ int StorageClient(const std::string& socket) {
   if (::pwrite(good, &v, sizeof(v), 4096) != sizeof(v)) return 82;
   int out = MakeSealedMemfd(4096);
   if (out < 0) return 83;
-  int32_t st = call(
-      [&](wire::Request::Builder r) {
-        auto e = r.initEnqueue();
-        e.setQueue(2);
-        e.setEvent(300);
-        auto rb = e.initReadBuffer();
-        rb.setMem(3);
-        rb.setOffset(4096);
-        rb.setSize(8);
-        rb.setShm(true);
-      },
-      out);
-  uint64_t got = 0;
-  if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got)) return 84;
+  // 8 bytes of a buffer read by the device into `out` (as event `event`); nullopt on an error.
+  auto read8 = [&](uint64_t mem, uint64_t offset, uint64_t event) -> std::optional<uint64_t> {
+    const int32_t st = call(
+        [&](wire::Request::Builder r) {
+          auto e = r.initEnqueue();
+          e.setQueue(2);
+          e.setEvent(event);
+          auto rb = e.initReadBuffer();
+          rb.setMem(mem);
+          rb.setOffset(offset);
+          rb.setSize(8);
+          rb.setShm(true);
+        },
+        out);
+    uint64_t got = 0;
+    if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got)) return {};
+    return got;
+  };
+  auto got = read8(3, 4096, 300);
+  if (!got) return 84;
   // PoCL's CPU device works on host memory in place: the buffer is the client's memory.
-  if (got != v) return 85;
+  if (*got != v) return 85;
   if (::ftruncate(good, 0) == 0) return 86;  // sealed: the worker's mapping cannot fault
   ::close(good);
   // Small buffers in arenas: an unknown arena, an unsealed or oversized memfd, and slots that
@@ -1039,21 +1046,9 @@ int StorageClient(const std::string& socket) {
   if (in_arena(27, 6, 0, -1) != CL_SUCCESS) return 94;                     // no descriptor
   const uint64_t w = Pattern(11);
   if (::pwrite(arena, &w, sizeof(w), 8192 + 24) != sizeof(w)) return 95;
-  st = call(
-      [&](wire::Request::Builder r) {
-        auto e = r.initEnqueue();
-        e.setQueue(2);
-        e.setEvent(301);
-        auto rb = e.initReadBuffer();
-        rb.setMem(23);
-        rb.setOffset(24);
-        rb.setSize(8);
-        rb.setShm(true);
-      },
-      out);
-  got = 0;
-  if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got)) return 96;
-  if (got != w) return 97;
+  got = read8(23, 24, 301);
+  if (!got) return 96;
+  if (*got != w) return 97;
   // Not a small buffer: refused (only slots under 64 KiB are booked as such).
   if (in_arena(28, 6, 0, -1, 64u << 10) == CL_SUCCESS) return 98;
   // A descriptor offered again for a known arena is closed unused: the slot is the first
@@ -1062,22 +1057,8 @@ int StorageClient(const std::string& socket) {
   if (other < 0 || in_arena(29, 6, 4096 * 3, other) != CL_SUCCESS) return 99;
   ::close(other);
   if (::pwrite(arena, &v, sizeof(v), 4096 * 3) != sizeof(v)) return 100;
-  st = call(
-      [&](wire::Request::Builder r) {
-        auto e = r.initEnqueue();
-        e.setQueue(2);
-        e.setEvent(302);
-        auto rb = e.initReadBuffer();
-        rb.setMem(29);
-        rb.setOffset(0);
-        rb.setSize(8);
-        rb.setShm(true);
-      },
-      out);
-  got = 0;
-  if (st != CL_SUCCESS || ::pread(out, &got, sizeof(got), 0) != sizeof(got) || got != v) {
-    return 101;
-  }
+  got = read8(29, 0, 302);
+  if (!got || *got != v) return 101;
   ::close(arena);
   ::close(out);
   return 0;
