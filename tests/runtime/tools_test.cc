@@ -69,12 +69,14 @@ TEST(ToolsTest, GmuxBenchRunsEndToEndWithSmallSizes) {
 // `gmux demo fairness` with closed-loop tenants (launch + clFinish), end to end under credit:
 // every tenant checks its kernel's results (a wrong result fails the command), the long launches
 // ran in chunks beside the short tenant, and every figure of a normalised setup is there.
+// (A 3-second window: on a host loaded by the rest of the suite, a tenant of 16x launches once
+// got no device time at all within a 1-second window.)
 TEST(ToolsTest, DemoFairnessClosedLoopsRunInChunksWithCorrectResults) {
   if (::getuid() != 0) GTEST_SKIP() << "needs root: each tenant runs as its own uid";
   std::string out;
   ASSERT_EQ(RunShell(std::string("timeout 300 ") + GMUX_CLI_PATH +
                          " demo fairness --json --setups closed-211 --policies credit"
-                         " --window 1 --warmup 0.3 2>&1",
+                         " --window 3 --warmup 0.3 2>&1",
                      out),
             0)
       << out;
