@@ -703,13 +703,18 @@ Result<std::shared_ptr<HostBuffer>> Session::MapShared(int fd, size_t size) {
 bool Session::StorageFor(const ContextObj& ctx) {
   // A pool context stands for devices the tenant does not see: not asked.
   if (ctx.pool || ctx.devices.empty()) return false;
-  shares_host_.resize(backend_.devices().size(), -1);
+  return EveryDeviceShares(ctx, shares_host_, 0, 4096);
+}
+
+bool Session::EveryDeviceShares(const ContextObj& ctx, std::vector<int8_t>& cache,
+                                size_t offset, size_t size) {
+  cache.resize(backend_.devices().size(), -1);
   for (uint32_t d : ctx.devices) {
-    if (d >= shares_host_.size()) return false;
-    if (shares_host_[d] < 0) {
-      shares_host_[d] = SharesHostMemory(cl_, ctx.ctx->h, backend_.devices()[d]) ? 1 : 0;
+    if (d >= cache.size()) return false;
+    if (cache[d] < 0) {
+      cache[d] = SharesHostMemory(cl_, ctx.ctx->h, backend_.devices()[d], offset, size) ? 1 : 0;
     }
-    if (shares_host_[d] == 0) return false;
+    if (cache[d] == 0) return false;
   }
   return true;
 }
@@ -753,17 +758,7 @@ bool Session::SlotStorageFor(const ContextObj& ctx, uint64_t offset, uint64_t si
   // Whole pages: what StorageFor probed.
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   if (offset % page == 0 && size % page == 0) return true;
-  shares_host_slots_.resize(backend_.devices().size(), -1);
-  for (uint32_t d : ctx.devices) {
-    if (d >= shares_host_slots_.size()) return false;
-    if (shares_host_slots_[d] < 0) {
-      shares_host_slots_[d] =
-          SharesHostMemory(cl_, ctx.ctx->h, backend_.devices()[d], kArenaAlign, kArenaAlign) ? 1
-                                                                                            : 0;
-    }
-    if (shares_host_slots_[d] == 0) return false;
-  }
-  return true;
+  return EveryDeviceShares(ctx, shares_host_slots_, kArenaAlign, kArenaAlign);
 }
 
 namespace {

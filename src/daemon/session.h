@@ -350,6 +350,10 @@ class Session {
   std::vector<int8_t> shares_host_;
   std::vector<int8_t> shares_host_slots_;  // the same for a small slot inside a page
   bool StorageFor(const ContextObj& ctx);
+  // Whether every device of `ctx` works in place on `size` bytes `offset` into a page
+  // (SharesHostMemory, asked once per device and kept in `cache`).
+  bool EveryDeviceShares(const ContextObj& ctx, std::vector<int8_t>& cache, size_t offset,
+                         size_t size);
   // Whether a small buffer of `size` bytes at `offset` that is not whole pages works in place
   // too (probed once per device with a 256-byte buffer 256 bytes into a page).
   bool SlotStorageFor(const ContextObj& ctx, uint64_t offset, uint64_t size);

@@ -116,6 +116,9 @@ void PostRelease(wire::ObjectKind kind, uint64_t id);
 void Destroy(_cl_context* o);
 void Destroy(_cl_command_queue* o);
 void Destroy(_cl_mem* o);
+// A context's small buffers released while its commands were in flight give their arena slots
+// back once none is: then no command can still touch them (memory.cc, Destroy).
+void ReuseArenaSlots(cl_context ctx, Connection& c);
 void Destroy(_cl_sampler* o);
 void Destroy(_cl_program* o);
 void Destroy(_cl_kernel* o);

@@ -75,14 +75,9 @@ cl_int CL_API_CALL RetainContext(cl_context c) { return Retain(c); }
 cl_int CL_API_CALL ReleaseContext(cl_context c) { return Release(c); }
 
 void Destroy(_cl_context* c) {
-  // Its small buffers' arena slots still held back (memory.cc): given back when no command is
-  // in flight (else kept from reuse for good: a queue released unsettled).
-  if (Connection* conn = TryConn();
-      conn != nullptr && c->in_flight.load(std::memory_order_acquire) == 0) {
-    for (const auto& [arena, offset, size] : c->arena_deferred) {
-      conn->FreeArenaSlot(arena, offset, size);
-    }
-  }
+  // Its small buffers' arena slots still held back: given back when no command is in flight
+  // (else kept from reuse for good: a queue released unsettled).
+  if (Connection* conn = TryConn(); conn != nullptr) ReuseArenaSlots(c, *conn);
   // The context is gone for the ICD (its handle is rejected from now on): its destructor
   // callbacks run now, the last registered first (OpenCL 3.0, 4.4).
   for (auto it = c->destructors.rbegin(); it != c->destructors.rend(); ++it) {

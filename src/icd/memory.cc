@@ -18,10 +18,6 @@ std::unique_ptr<_cl_mem> NewMem(cl_context ctx, cl_mem_flags flags, size_t size,
   return m;
 }
 
-namespace {
-
-// A context's small buffers released while its commands were in flight give their arena slots
-// back once none is: then no command can still touch them (see Destroy).
 void ReuseArenaSlots(cl_context ctx, Connection& c) {
   if (ctx->in_flight.load(std::memory_order_acquire) != 0) return;
   std::vector<std::tuple<uint32_t, uint64_t, size_t>> slots;
@@ -31,6 +27,8 @@ void ReuseArenaSlots(cl_context ctx, Connection& c) {
   }
   for (const auto& [arena, offset, size] : slots) c.FreeArenaSlot(arena, offset, size);
 }
+
+namespace {
 
 cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_ptr,
                   std::vector<cl_mem_properties> properties, cl_int* err, bool arena = true) {
@@ -97,6 +95,16 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
   cl_int e = c.Call(b, place != nullptr ? &reply : nullptr, nullptr,
                     storage.valid() ? storage.fd : slot.pass_fd);
   c.ReleaseShm(held);
+  // The worker's answer on the storage offered: used, or declined because the context's devices
+  // do not work in place (then no more storage for this context); neither when declined for its
+  // memory limit.
+  bool used = false, declined = false;
+  if (e == CL_SUCCESS && reply) {
+    auto root = reply->root<wire::Reply>();
+    used = root.isStorage() && root.getStorage();
+    declined = root.isStorage() && !root.getStorage();
+  }
+  if (declined) ctx->storage_declined = true;
   if (slot.arena != 0) {
     if (slot.pass_fd >= 0) {
       ::close(slot.pass_fd);
@@ -112,13 +120,6 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
       if (again != nullptr) c.DisableArenas();
       return again;
     }
-    bool used = false;
-    if (e == CL_SUCCESS && reply) {
-      auto root = reply->root<wire::Reply>();
-      used = root.isStorage() && root.getStorage();
-      // Its devices do not work in place: no more storage for this context.
-      if (root.isStorage() && !root.getStorage()) ctx->storage_declined = true;
-    }
     if (used) {
       m->storage = slot.at;
       m->arena = slot.arena;
@@ -130,12 +131,6 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
     }
   }
   if (storage.valid()) {
-    bool used = false, declined = false;
-    if (e == CL_SUCCESS && reply) {
-      auto root = reply->root<wire::Reply>();
-      used = root.isStorage() && root.getStorage();
-      declined = root.isStorage() && !root.getStorage();
-    }
     if (used) {
       m->storage = static_cast<uint8_t*>(storage.map);
       m->prefault = std::move(prefault);
@@ -149,7 +144,6 @@ cl_mem MakeBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void* host_pt
       Prefaulter::Get().Stop(prefault);
       ::munmap(storage.map, storage.capacity);
       ::close(storage.fd);
-      if (declined) ctx->storage_declined = true;  // its devices do not work in place
     }
   }
   if (e != CL_SUCCESS) return Fail(err, e);

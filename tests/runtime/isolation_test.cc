@@ -946,18 +946,25 @@ int StorageClient(const std::string& socket) {
   auto call = [&](auto fill, int pass_fd = -1) { return RawCall(c, fill, pass_fd); };
   if (!RawContextAndQueue(c)) return 71;
   constexpr uint64_t kBytes = 1u << 20;
-  auto create = [&](uint64_t id, int fd, uint64_t initial = 0) {
+  // A buffer of `size` bytes offered storage: the memfd `fd`, or a slot of `arena` at `offset`.
+  auto offer = [&](uint64_t id, int fd, uint64_t size, uint64_t initial, uint32_t arena,
+                   uint64_t offset) {
     return call(
         [&](wire::Request::Builder r) {
           auto m = r.initCreateBuffer();
           m.setId(id);
           m.setContext(1);
           m.setFlags(CL_MEM_READ_WRITE);
-          m.setSize(kBytes);
+          m.setSize(size);
           m.setStorage(true);
           m.setInitialData(initial);
+          m.setStorageArena(arena);
+          m.setStorageOffset(offset);
         },
         fd);
+  };
+  auto create = [&](uint64_t id, int fd, uint64_t initial = 0) {
+    return offer(id, fd, kBytes, initial, 0, 0);
   };
   // Refused, each with an error to this client.
   if (create(10, -1) == CL_SUCCESS) return 72;
@@ -1015,20 +1022,7 @@ int StorageClient(const std::string& socket) {
   // are misaligned or reach past the arena's end are refused; a good arena is mapped once and
   // names every later slot without a descriptor.
   auto in_arena = [&](uint64_t id, uint32_t arena, uint64_t offset, int fd,
-                      uint64_t size = 4096) {
-    return call(
-        [&](wire::Request::Builder r) {
-          auto m = r.initCreateBuffer();
-          m.setId(id);
-          m.setContext(1);
-          m.setFlags(CL_MEM_READ_WRITE);
-          m.setSize(size);
-          m.setStorage(true);
-          m.setStorageArena(arena);
-          m.setStorageOffset(offset);
-        },
-        fd);
-  };
+                      uint64_t size = 4096) { return offer(id, fd, size, 0, arena, offset); };
   if (in_arena(20, 5, 0, -1) == CL_SUCCESS) return 87;
   int loose = ::memfd_create("arena-unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (loose < 0 || ::ftruncate(loose, 1 << 20) != 0 || in_arena(21, 5, 0, loose) == CL_SUCCESS) {
