@@ -77,6 +77,11 @@ class EventRecord {
   // Runs `w` when the event completes (now, on this thread, if it already has).
   void AddWaiter(Waiter w);
 
+  // Its command ran to completion and its results are being delivered: its profiling times are
+  // final although the record completes only after the delivery (whose answer a client may act
+  // on first).
+  std::atomic<bool> ran{false};
+
   // Scheduler-thread-only state.
   bool staged = false;      // waiting in a tenant's staging list
   bool dispatched = false;  // handed to its device's executor
@@ -105,7 +110,10 @@ struct Command {
   std::shared_ptr<EventRecord> event;
   std::vector<std::shared_ptr<EventRecord>> deps;        // the wait list (backend + user events)
   std::vector<std::shared_ptr<EventRecord>> order_deps;  // ordering only (queue order, barriers)
-  // Enqueues on the backend. `waits` holds the backend events of deps.
+  // Blocking writes of other queues the client returned from before they ran (toldComplete):
+  // waited for like deps, but their failure does not fail this command.
+  std::vector<std::shared_ptr<EventRecord>> after;
+  // Enqueues on the backend. `waits` holds the backend events of deps and of `after`.
   std::function<cl_int(cl_command_queue q, const std::vector<cl_event>& waits, cl_event* out)> run;
   // Delivers results after the backend event completed (status CL_COMPLETE or negative).
   std::function<void(cl_int status)> finished;

@@ -125,6 +125,14 @@ void Executor::Enqueue(Job job) {
       if (b) waits.push_back(b->h);
     }
   }
+  if (fail == CL_SUCCESS && first) {
+    for (const auto& d : cmd->after) {
+      // A failed write's data never came: what follows runs regardless, as it would natively
+      // after the blocking call that returned the error.
+      if (d->status() < 0) continue;
+      if (Ref<cl_event> b = d->backend()) waits.push_back(b->h);
+    }
+  }
   if (!j.whole && !first && cmd->last_chunk) waits.push_back(cmd->last_chunk->h);
   if (fail == CL_SUCCESS) {
     cl_event ev = nullptr;
@@ -203,6 +211,7 @@ void Executor::Deliver() {
   if (!batch.empty()) on_complete_(device_, batch);
   for (auto& e : finished) {
     Command& c = *e->job.cmd;
+    if (e->status == CL_COMPLETE) c.event->ran.store(true);
     if (c.finished) c.finished(e->status);
     c.event->Complete(e->status);
     // What the closures hold (a write's staging buffer, a launch's arguments) goes now, not when

@@ -1066,6 +1066,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       QueueObj qo;
       qo.q = Adopt(q);
       qo.device = device;
+      qo.context = ctx->ctx->h;
       if (OnPool(r.getDevice())) {
         sink_.AddPoolQueue(qo.q, ctx->ctx, props | CL_QUEUE_PROFILING_ENABLE, device);
       }
@@ -1946,7 +1947,7 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
       }
       if (p >= CL_PROFILING_COMMAND_QUEUED && p <= CL_PROFILING_COMMAND_COMPLETE) {
         Ref<cl_event> b = (*ev)->ProfilingEvent(p);
-        if (!b || (*ev)->status() != CL_COMPLETE) {
+        if (!b || ((*ev)->status() != CL_COMPLETE && !(*ev)->ran.load())) {
           return {CL_PROFILING_INFO_NOT_AVAILABLE, "event not complete"};
         }
         return query([&](size_t s, void* v, size_t* o) {
@@ -2012,6 +2013,23 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
   if (q->in_order && q->last) cmd->order_deps.push_back(q->last);
   if (!q->in_order && q->barrier) cmd->order_deps.push_back(q->barrier);
   cmd->block.kind = core::BlockKind::kMarker;
+  if (!told_complete_.empty()) {
+    // Natively such a write had completed before anything after it was enqueued. Its queue, if
+    // in order, orders this command already; a released queue's entry goes once done.
+    std::erase_if(told_complete_, [](const ToldComplete& t) { return t.event->done(); });
+    for (const ToldComplete& t : told_complete_) {
+      if (t.context == q->context && !(q->in_order && t.queue == r.getQueue())) {
+        cmd->after.push_back(t.event);
+      }
+    }
+  }
+  if (r.getToldComplete()) {
+    if (q->in_order) {
+      std::erase_if(told_complete_,
+                    [&](const ToldComplete& t) { return t.queue == r.getQueue(); });
+    }
+    told_complete_.push_back({r.getQueue(), q->context, event});
+  }
 
   switch (r.which()) {
     case wire::Enqueue::NDRANGE: {

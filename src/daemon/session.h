@@ -173,6 +173,7 @@ class Session {
   struct QueueObj {
     Ref<cl_command_queue> q;
     uint32_t device = 0;
+    cl_context context = nullptr;  // the backend's (the queue holds it)
     bool in_order = true;
     std::shared_ptr<EventRecord> last;     // in-order: the previous command
     std::shared_ptr<EventRecord> barrier;  // out-of-order: the latest barrier
@@ -323,6 +324,15 @@ class Session {
   // waiting in the socket, commands are handed over together (one hand-over per batch).
   std::vector<std::shared_ptr<Command>> to_submit_;
   void SubmitPending();
+  // Blocking writes the client returned from before they ran (Enqueue.toldComplete), not known
+  // to be done, with their queue: every later command of their context runs after them. An
+  // in-order queue's latest one stands for its earlier ones.
+  struct ToldComplete {
+    uint64_t queue;
+    cl_context context;  // alive while the write is not done (its command holds the queue)
+    std::shared_ptr<EventRecord> event;
+  };
+  std::vector<ToldComplete> told_complete_;
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
   // The client's storage arenas for small buffers (docs/protocol.md, "Buffers on shared
   // memory"), by number: mapped once, for the session (each buffer on one holds it too).

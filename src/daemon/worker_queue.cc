@@ -414,6 +414,9 @@ const EventRecord* WorkerQueue::Blocker(const Command& c) const {
   for (const auto& d : c.order_deps) {
     if (blocks(d)) return d.get();
   }
+  for (const auto& d : c.after) {
+    if (blocks(d)) return d.get();
+  }
   return nullptr;
 }
 

@@ -142,7 +142,13 @@ uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, b
   return seq;
 }
 
-cl_int Enqueuer::PostReleasing(ShmBuffer held) {
+cl_int Enqueuer::PostWrite(ShmBuffer held, cl_bool blocking, bool in_place) {
+  if (blocking && (event_out_ != nullptr || in_place)) {
+    const uint64_t seq = c_->Begin(b_, nullptr, 0, {}, {}, false, held, Order());
+    MakeEvent();
+    return WaitCompleted(seq);
+  }
+  if (blocking) e_.setToldComplete(true);
   if (!held.valid()) return Post();
   // Nobody waits for the reply.
   c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, Order());
@@ -170,8 +176,17 @@ void Enqueuer::MakeEvent() {
 
 cl_int Enqueuer::WaitCompleted(uint64_t seq) {
   const cl_int e = c_->Wait(seq);
-  if (e == CL_SUCCESS) SettleUpTo(q_, number_);
+  if (e == CL_SUCCESS) {
+    SettleUpTo(q_, number_);
+    MarkComplete();
+  }
   return e;
+}
+
+void Enqueuer::MarkComplete() {
+  if (event_out_ != nullptr && *event_out_ != nullptr) {
+    (*event_out_)->known_complete.store(true, std::memory_order_release);
+  }
 }
 
 void Settle(cl_command_queue q, uint64_t upto) {
@@ -188,6 +203,12 @@ void Settle(cl_command_queue q, uint64_t upto) {
 void SettleUpTo(cl_command_queue q, uint64_t number) {
   if (q == nullptr || number == 0) return;
   if ((q->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) == 0) Settle(q, number);
+}
+
+bool OnSharedMemory(cl_mem m) {
+  if (m->is_image()) return m->desc.buffer != nullptr && OnSharedMemory(m->desc.buffer);
+  const cl_mem top = m->parent != nullptr ? m->parent : m;
+  return top->storage != nullptr;
 }
 
 uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,

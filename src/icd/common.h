@@ -232,14 +232,20 @@ class Enqueuer {
   // Sends the command with a seq whose reply (read data) lands in dst.
   uint64_t Begin(void* dst, size_t size, bool blocking, ShmBuffer shm = {},
                  bool keep_shm = false);
-  // Sends a command that consumes bulk data: with a shared buffer it asks for an answer (when
-  // the command has run) and returns the buffer to the pool then; otherwise Post().
-  cl_int PostReleasing(ShmBuffer held);
+  // Sends a write, whose data (`held`: a shared buffer, returned to the pool once the worker
+  // answers that the command ran) was sent before. A blocking write returns once its data is
+  // sent, marked toldComplete: the worker runs every later command of the session after it, on
+  // any queue, as natively after a blocking call. It waits for the command to have run when
+  // the application asked for an event (whose status must then be complete) or `in_place`
+  // (the buffer is on shared memory, which the client reads and writes itself).
+  cl_int PostWrite(ShmBuffer held, cl_bool blocking, bool in_place);
   // A plain read of `size` bytes into dst, through shared memory when that pays.
   uint64_t BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking);
   // Waits for the reply to `seq`, sent by Begin for a command answered once it completed (a
   // read): on an in-order queue, every command before it has completed too (Settle).
   cl_int WaitCompleted(uint64_t seq);
+  // The command is known to have completed: so is its event (_cl_event::known_complete).
+  void MarkComplete();
 
  private:
   void MakeEvent();
@@ -272,6 +278,9 @@ inline bool Settled(cl_command_queue q) {
 // transfer's command), the queue is out of order, or the connection is lost or the parent's.
 uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,
                  const cl_event* event_out);
+// Whether `m` (a buffer, a sub-buffer, an image from a buffer) lies on shared memory the client
+// touches in place.
+bool OnSharedMemory(cl_mem m);
 // Waits until nothing enqueued on the in-order `q` before now, nor the wait list, can still
 // touch a buffer: at once when nothing is in flight and nothing is waited for, otherwise for a
 // marker the worker answers once it completed (whose Enqueuer checks the wait list:
@@ -298,9 +307,11 @@ cl_int CheckMem(cl_command_queue q, cl_mem m);
 cl_int CheckHostAccess(cl_mem m, bool read, bool write);
 cl_int CheckMapAccess(cl_mem m, cl_map_flags flags);
 void SetTriple(capnp::List<uint64_t>::Builder l, const size_t v[3]);
-// Writes an image region from host memory `src` (`bytes` long, in the given host layout).
+// Writes an image region from host memory `src` (`bytes` long, in the given host layout);
+// `blocking` as for Enqueuer::PostWrite.
 cl_int PostWriteImage(Enqueuer& enq, cl_mem m, const size_t origin[3], const size_t region[3],
-                      size_t row_pitch, size_t slice_pitch, const void* src, size_t bytes);
+                      size_t row_pitch, size_t slice_pitch, const void* src, size_t bytes,
+                      cl_bool blocking);
 // Bytes a host rectangle spans (the daemon re-checks everything).
 size_t HostRectBytes(const size_t origin[3], const size_t region[3], size_t row, size_t slice);
 

@@ -50,6 +50,9 @@ cl_int CL_API_CALL GetEventInfo(cl_event e, cl_event_info param, size_t size, vo
     case CL_EVENT_COMMAND_TYPE: return Scalar(e->type, size, value, size_ret);
     case CL_EVENT_REFERENCE_COUNT: return Scalar(RefCount(e), size, value, size_ret);
     case CL_EVENT_COMMAND_EXECUTION_STATUS:
+      if (e->known_complete.load(std::memory_order_acquire)) {
+        return Scalar<cl_int>(CL_COMPLETE, size, value, size_ret);
+      }
       return RemoteInfoOut(wire::ObjectKind::EVENT, e->id, param, size, value, size_ret);
     default: return CL_INVALID_VALUE;
   }

@@ -207,7 +207,7 @@ cl_int ReadImageInto(Enqueuer& enq, cl_mem m, const size_t origin[3], const size
   if (!dense) {
     std::vector<uint8_t> staging(bytes);
     uint64_t seq = enq.Begin(staging.data(), bytes, true);
-    cl_int e = enq.conn().Wait(seq);
+    cl_int e = enq.WaitCompleted(seq);
     if (e == CL_SUCCESS) {
       for (size_t z = 0; z < slices; ++z) {
         for (size_t y = 0; y < rows; ++y) {
@@ -223,13 +223,14 @@ cl_int ReadImageInto(Enqueuer& enq, cl_mem m, const size_t origin[3], const size
   if (enq.conn().UseShm(bytes)) buf = enq.conn().AcquireShm(bytes);
   if (buf.valid()) r.setShm(true);
   seq = enq.Begin(dst, bytes, blocking, buf);
-  return blocking ? enq.conn().Wait(seq) : CL_SUCCESS;
+  return blocking ? enq.WaitCompleted(seq) : CL_SUCCESS;
 }
 
 }  // namespace
 
 cl_int PostWriteImage(Enqueuer& enq, cl_mem m, const size_t origin[3], const size_t region[3],
-                      size_t row_pitch, size_t slice_pitch, const void* src, size_t bytes) {
+                      size_t row_pitch, size_t slice_pitch, const void* src, size_t bytes,
+                      cl_bool blocking) {
   ShmBuffer held;
   uint64_t token = enq.conn().SendBulk(src, bytes, &held);
   if (token == 0) return CL_OUT_OF_RESOURCES;
@@ -240,7 +241,7 @@ cl_int PostWriteImage(Enqueuer& enq, cl_mem m, const size_t origin[3], const siz
   w.setRowPitch(row_pitch);
   w.setSlicePitch(slice_pitch);
   w.setBulk(token);
-  return enq.PostReleasing(held);
+  return enq.PostWrite(held, blocking, OnSharedMemory(m));
 }
 
 
@@ -258,8 +259,9 @@ cl_int CL_API_CALL EnqueueReadImage(cl_command_queue q, cl_mem m, cl_bool blocki
   return ReadImageInto(enq, m, origin, region, row_pitch, slice_pitch, ptr, bytes, blocking);
 }
 
-cl_int CL_API_CALL EnqueueWriteImage(cl_command_queue q, cl_mem m, cl_bool, const size_t* origin,
-                                     const size_t* region, size_t row_pitch, size_t slice_pitch,
+cl_int CL_API_CALL EnqueueWriteImage(cl_command_queue q, cl_mem m, cl_bool blocking,
+                                     const size_t* origin, const size_t* region,
+                                     size_t row_pitch, size_t slice_pitch,
                                      const void* ptr, cl_uint nwait, const cl_event* waits,
                                      cl_event* event) {
   if (cl_int e = CheckImage(q, m); e != CL_SUCCESS) return e;
@@ -269,8 +271,8 @@ cl_int CL_API_CALL EnqueueWriteImage(cl_command_queue q, cl_mem m, cl_bool, cons
   if (bytes == 0) return CL_INVALID_VALUE;
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_IMAGE);
   if (enq.err() != CL_SUCCESS) return enq.err();
-  // The data is copied out now, so a blocking write returns as soon as it is sent.
-  return PostWriteImage(enq, m, origin, region, row_pitch, slice_pitch, ptr, bytes);
+  // The data is copied out now, so a blocking write returns as soon as it is sent (PostWrite).
+  return PostWriteImage(enq, m, origin, region, row_pitch, slice_pitch, ptr, bytes, blocking);
 }
 
 cl_int CL_API_CALL EnqueueCopyImage(cl_command_queue q, cl_mem src, cl_mem dst,

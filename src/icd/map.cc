@@ -63,7 +63,7 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
       } else {
         seq = enq.BeginRead(r, map.ptr, size, blocking);
       }
-      if (blocking) e = enq.conn().Wait(seq);
+      if (blocking) e = enq.WaitCompleted(seq);
     }
   }
   if (e != CL_SUCCESS) {
@@ -108,7 +108,8 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
                      m->type == CL_MEM_OBJECT_IMAGE1D_ARRAY;
       e = PostWriteImage(enq, m, map.origin, map.region,
                          host && m->type != CL_MEM_OBJECT_IMAGE1D_ARRAY ? map.row_pitch : 0,
-                         host && layered ? map.slice_pitch : 0, map.ptr, map.size);
+                         host && layered ? map.slice_pitch : 0, map.ptr, map.size,
+                         /*blocking=*/false);
     } else if (e == CL_SUCCESS) {
       ShmBuffer held;
       uint64_t token;
@@ -128,7 +129,7 @@ cl_int CL_API_CALL EnqueueUnmapMemObject(cl_command_queue q, cl_mem m, void* ptr
         w.setOffset(map.offset);
         w.setSize(map.size);
         w.setBulk(token);
-        e = enq.PostReleasing(held);
+        e = enq.PostWrite(held, /*blocking=*/false, false);
         handed_over = map.shm.valid();  // released by the write's answer
       }
     }

@@ -95,6 +95,7 @@ bool TryRemote(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_
   const uint64_t seq = enq.Begin(nullptr, 0, blocking);
   if (!blocking) return true;  // a read: CL_SUCCESS
   *result = write ? c->Wait(seq) : enq.WaitCompleted(seq);
+  if (*result == CL_SUCCESS) enq.MarkComplete();
   if (*result == CL_SUCCESS || !CopyInstead(*c, *result, ptr, size)) return true;
   DropEvent(event);
   return false;
@@ -105,9 +106,9 @@ bool TryRemote(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_
 // nothing of the (in-order) queue is in flight and nothing is waited for, the copy is all: the
 // worker's buffer is that memory, and in-order semantics have nothing to order it after. A read
 // behind commands in flight (or a wait list) first waits for them with a marker, as the read
-// itself would have waited, then copies. A write behind commands in flight takes the usual
-// path, which returns once the data is copied out, without waiting. With an event asked for,
-// the usual path too (its event is the transfer's command).
+// itself would have waited, then copies; so does a write, as it waits natively (copied out
+// instead, it would return before it ran, and the client may touch the buffer in place). With
+// an event asked for, the usual path (its event is the transfer's command).
 bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_t offset,
                 size_t size, void* ptr, cl_uint nwait, const cl_event* waits, cl_event* event,
                 cl_int* result) {
@@ -115,7 +116,6 @@ bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size
   // Memory the application does not map is an error from the usual path, not a crash here.
   // (A malformed wait list is WaitInPlace's error, as it would be the usual path's.)
   if (at == nullptr || !Mapped(ptr, size)) return false;
-  if (write && (nwait != 0 || waits != nullptr || !Settled(q))) return false;
   // Held while waiting and copying: another thread may release the application's last
   // reference meanwhile (OpenCL defers the deletion until commands using it are done).
   cl_mem top = m->parent != nullptr ? m->parent : m;
@@ -148,7 +148,7 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool bloc
   }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
-  // The data is copied out now, so a blocking write returns as soon as it is sent.
+  // The data is copied out now, so a blocking write returns as soon as it is sent (PostWrite).
   ShmBuffer held;
   uint64_t token = enq.conn().SendBulk(ptr, size, &held);
   if (token == 0) return CL_OUT_OF_RESOURCES;
@@ -157,7 +157,7 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool bloc
   w.setOffset(offset);
   w.setSize(size);
   w.setBulk(token);
-  return enq.PostReleasing(held);
+  return enq.PostWrite(held, blocking, OnSharedMemory(m));
 }
 
 cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool blocking, size_t offset,
@@ -184,7 +184,7 @@ cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool block
   return blocking ? enq.WaitCompleted(seq) : CL_SUCCESS;
 }
 
-cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
+cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool blocking,
                                           const size_t* bo, const size_t* ho, const size_t* region,
                                           size_t brp, size_t bsp, size_t hrp, size_t hsp,
                                           const void* ptr, cl_uint nwait, const cl_event* waits,
@@ -204,7 +204,7 @@ cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool,
   w.setBulk(token);
   w.setIsRect(true);
   SetRect(w.initRect(), bo, ho, region, brp, bsp, hrp, hsp);
-  return enq.PostReleasing(held);
+  return enq.PostWrite(held, blocking, OnSharedMemory(m));
 }
 
 cl_int CL_API_CALL EnqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool blocking,
@@ -243,7 +243,7 @@ cl_int CL_API_CALL EnqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool b
   // Always waits: the merge must be done before any later wait on this command returns.
   (void)blocking;
   uint64_t seq = enq.Begin(staging->data(), host_bytes, true);
-  cl_int e = enq.conn().Wait(seq);
+  cl_int e = enq.WaitCompleted(seq);
   merge(e);
   return e;
 }

@@ -386,6 +386,9 @@ struct Enqueue {
     copyImageToBuffer @15 :CopyImageBuffer;
     copyBufferToImage @16 :CopyImageBuffer;
   }
+  toldComplete @17 :Bool;          # a blocking write the client returned from once its data was
+                                   # sent: every command of the session enqueued after it, on
+                                   # any queue, runs after it (as natively after a blocking call)
 }
 
 struct Request {

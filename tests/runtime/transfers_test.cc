@@ -926,5 +926,122 @@ TEST(TransfersTest, MemoryTheApplicationUnmappedIsAnErrorNotACrash) {
 }
 #endif
 
+// A blocking write has completed when it returns, natively: a command enqueued after it on
+// another queue, or on its own out-of-order queue, with no event between them, sees its data.
+// Through gmux a blocking write may return once its data is sent (the stream, TCP, shared
+// memory); the worker then runs every later command after it. Each write waits behind a slow
+// kernel on its queue, so a command that overtook it would see the old data.
+TEST(TransfersTest, BlockingWritesAreDoneForCommandsOfEveryQueue) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  cl_int err;
+  cl_command_queue q2 = clCreateCommandQueue(d.context, d.device, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_command_queue q3 =
+      clCreateCommandQueue(d.context, d.device, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::string log;
+  cl_program p = BuildProgram(d, R"(
+    __kernel void slow(__global uint* x, uint n) {
+      uint acc = get_global_id(0);
+      for (uint i = 0; i < n; ++i) acc = acc * 1664525u + 1013904223u;
+      x[get_global_id(0)] = acc;
+    }
+    __kernel void copy_plus(__global const uint* a, __global uint* b, uint k) {
+      size_t i = get_global_id(0);
+      b[i] = a[i] + k;
+    })", &log);
+  ASSERT_NE(p, nullptr) << log;
+  cl_kernel slow = clCreateKernel(p, "slow", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_kernel copy = clCreateKernel(p, "copy_plus", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem busy = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 64 * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  auto hold = [&](cl_command_queue q) {  // a few ms of work ahead of the write
+    const uint32_t iters = 200000;
+    clSetKernelArg(slow, 0, sizeof(cl_mem), &busy);
+    clSetKernelArg(slow, 1, sizeof(iters), &iters);
+    size_t global = 64;
+    return clEnqueueNDRangeKernel(q, slow, 1, nullptr, &global, nullptr, 0, nullptr, nullptr);
+  };
+  // Sizes of every path: an arena slot, a small and a medium shared or inline transfer, and a
+  // large one (the worker's copy locally).
+  for (size_t bytes : {size_t{4096}, size_t{256} << 10, size_t{5} << 20}) {
+    SCOPED_TRACE("bytes " + std::to_string(bytes));
+    const size_t n = bytes / 4;
+    cl_mem a = clCreateBuffer(d.context, CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    cl_mem b = clCreateBuffer(d.context, CL_MEM_READ_WRITE, bytes, nullptr, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    std::vector<uint32_t> back(n);
+    auto copy_on = [&](cl_command_queue q, uint32_t k) {
+      clSetKernelArg(copy, 0, sizeof(cl_mem), &a);
+      clSetKernelArg(copy, 1, sizeof(cl_mem), &b);
+      clSetKernelArg(copy, 2, sizeof(k), &k);
+      size_t global = n;
+      return clEnqueueNDRangeKernel(q, copy, 1, nullptr, &global, nullptr, 0, nullptr, nullptr);
+    };
+    auto check = [&](const std::vector<uint32_t>& src, uint32_t k, const char* what) {
+      size_t wrong = 0;
+      for (size_t i = 0; i < n; ++i) wrong += back[i] != src[i] + k;
+      EXPECT_EQ(wrong, 0u) << what;
+    };
+    for (uint32_t round = 0; round < 4; ++round) {
+      // Written on the first queue, read by a kernel on the second.
+      auto src = Pattern(n, 100 + round);
+      ASSERT_EQ(hold(d.queue), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueWriteBuffer(d.queue, a, CL_TRUE, 0, bytes, src.data(), 0, nullptr,
+                                     nullptr), CL_SUCCESS);
+      ASSERT_EQ(copy_on(q2, round), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueReadBuffer(q2, b, CL_TRUE, 0, bytes, back.data(), 0, nullptr, nullptr),
+                CL_SUCCESS);
+      check(src, round, "a kernel on another queue");
+      // On an out-of-order queue, then a kernel on the same queue.
+      src = Pattern(n, 200 + round);
+      ASSERT_EQ(hold(q3), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueWriteBuffer(q3, a, CL_TRUE, 0, bytes, src.data(), 0, nullptr, nullptr),
+                CL_SUCCESS);
+      ASSERT_EQ(copy_on(q3, round), CL_SUCCESS);
+      ASSERT_EQ(clFinish(q3), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueReadBuffer(q2, b, CL_TRUE, 0, bytes, back.data(), 0, nullptr, nullptr),
+                CL_SUCCESS);
+      check(src, round, "a kernel after it on an out-of-order queue");
+      // A rectangle, then a read on another queue; a blocking write's event is complete.
+      src = Pattern(n, 300 + round);
+      const size_t row = 1024, rows = bytes / row;
+      const size_t origin[3] = {0, 0, 0}, region[3] = {row, rows, 1};
+      ASSERT_EQ(hold(d.queue), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueWriteBufferRect(d.queue, a, CL_TRUE, origin, origin, region, row, 0,
+                                         row, 0, src.data(), 0, nullptr, nullptr), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueReadBuffer(q2, a, CL_TRUE, 0, bytes, back.data(), 0, nullptr, nullptr),
+                CL_SUCCESS);
+      check(src, 0, "a read on another queue after a rectangle");
+      src = Pattern(n, 400 + round);
+      cl_event ev = nullptr;
+      ASSERT_EQ(hold(d.queue), CL_SUCCESS);
+      ASSERT_EQ(clEnqueueWriteBuffer(d.queue, a, CL_TRUE, 0, bytes, src.data(), 0, nullptr, &ev),
+                CL_SUCCESS);
+      cl_int status = 0;
+      ASSERT_EQ(clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                               nullptr), CL_SUCCESS);
+      EXPECT_EQ(status, CL_COMPLETE);
+      clReleaseEvent(ev);
+      ASSERT_EQ(clEnqueueReadBuffer(q2, a, CL_TRUE, 0, bytes, back.data(), 0, nullptr, nullptr),
+                CL_SUCCESS);
+      check(src, 0, "a read on another queue after a write with an event");
+    }
+    ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+    clReleaseMemObject(a);
+    clReleaseMemObject(b);
+  }
+  clReleaseMemObject(busy);
+  clReleaseKernel(slow);
+  clReleaseKernel(copy);
+  clReleaseProgram(p);
+  clReleaseCommandQueue(q2);
+  clReleaseCommandQueue(q3);
+}
+
 }  // namespace
 }  // namespace gmux::testing
