@@ -131,6 +131,12 @@ cl_int Retain(T* o) {
   return CL_SUCCESS;
 }
 
+// A queue released with commands not known to have completed: sends them (the release's
+// implicit flush, OpenCL 1.2 5.1) with a request for the worker to say when they have
+// completed, and then settles them in the context's count of commands in flight (the context's
+// buffers' shared memory is reused only at 0; without this, never again).
+void SettleWhenDone(cl_command_queue q);
+
 // At the last release the handle is dead at once (rejected from then on), the daemon is told,
 // and the object is destroyed.
 template <typename T>
@@ -138,6 +144,7 @@ cl_int Release(T* o) {
   if (!Valid(o)) return Traits<T>::invalid;
   if (o->refs.fetch_sub(1) == 1) {
     Forget(o);
+    if constexpr (std::is_same_v<T, _cl_command_queue>) SettleWhenDone(o);
     PostRelease(Traits<T>::wire, o->id);
     Destroy(o);
   }

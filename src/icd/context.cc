@@ -76,7 +76,7 @@ cl_int CL_API_CALL ReleaseContext(cl_context c) { return Release(c); }
 
 void Destroy(_cl_context* c) {
   // Its small buffers' arena slots still held back: given back when no command is in flight
-  // (else kept from reuse for good: a queue released unsettled).
+  // (a released queue's commands have completed by now: SettleWhenDone holds the context).
   if (Connection* conn = TryConn(); conn != nullptr) ReuseArenaSlots(c, *conn);
   // The context is gone for the ICD (its handle is rejected from now on): its destructor
   // callbacks run now, the last registered first (OpenCL 3.0, 4.4).

@@ -73,8 +73,8 @@ struct _cl_context : gmux::icd::ObjectHeader {
   // are not offered shared memory again (memory.cc).
   std::atomic<bool> storage_declined{false};
   // Commands enqueued on this context's queues not known to have completed (the sum of its
-  // queues' enqueued - settled; a queue released before it settled leaves its part here for
-  // good). At 0 no command can touch this context's buffers: a buffer on shared memory
+  // queues' enqueued - settled; a queue released before it settled leaves its part here until
+  // the worker says they completed: SettleWhenDone). At 0 no command can touch this context's buffers: a buffer on shared memory
   // released then may keep its memory for the next one (memory.cc).
   std::atomic<int64_t> in_flight{0};
   // Slots of small buffers released while commands of this context were in flight (arena,

@@ -88,6 +88,25 @@ cl_int CL_API_CALL RetainCommandQueue(cl_command_queue q) { return Retain(q); }
 // Releasing a queue implies a flush; its commands still run on the daemon.
 cl_int CL_API_CALL ReleaseCommandQueue(cl_command_queue q) { return Release(q); }
 
+void SettleWhenDone(cl_command_queue q) {
+  const uint64_t enqueued = q->enqueued.load(std::memory_order_acquire);
+  const uint64_t settled = q->settled.load(std::memory_order_acquire);
+  Connection* c = TryConn();
+  if (settled >= enqueued || c == nullptr || c->Lost()) return;
+  // The context outlives the queue until the answer (which the reader thread delivers).
+  cl_context ctx = q->context;
+  Retain(ctx);
+  capnp::MallocMessageBuilder b;
+  b.initRoot<wire::Request>().setFinish(q->id);
+  c->Begin(b, nullptr, 0, [ctx, c, left = enqueued - settled](cl_int status) {
+    if (status == CL_SUCCESS) {
+      ctx->in_flight.fetch_sub(static_cast<int64_t>(left), std::memory_order_acq_rel);
+      ReuseArenaSlots(ctx, *c);
+    }
+    ReleaseContext(ctx);
+  });
+}
+
 void Destroy(_cl_command_queue* q) {
   cl_context ctx = q->context;
   delete q;

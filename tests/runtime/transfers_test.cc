@@ -926,6 +926,82 @@ TEST(TransfersTest, MemoryTheApplicationUnmappedIsAnErrorNotACrash) {
 }
 #endif
 
+// A queue released with commands not finished: releasing it flushes them (OpenCL 1.2, 5.1), so
+// they run although nothing else is sent (the reads below of a buffer on an arena are the
+// client's own copies), and they leave no mark on their context: small buffers released
+// afterwards give their arena slots back for the next ones, instead of holding every slot from
+// then on (which, after the arenas' limit, would put every small buffer on the copying paths).
+TEST(TransfersTest, AQueueReleasedUnfinishedDoesNotHoldArenaSlots) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  const bool expect_arenas = !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") &&
+                             !EnvIs("GMUX_BUFFER_STORAGE", "0") &&
+                             !EnvIs("GMUX_STORAGE_ARENAS", "0");
+  cl_int err;
+  std::string log;
+  cl_program p = BuildProgram(d, R"(
+    __kernel void slow(__global uint* x, uint n) {
+      uint acc = get_global_id(0);
+      for (uint i = 0; i < n; ++i) acc = acc * 1664525u + 1013904223u;
+      x[get_global_id(0)] = acc;
+    })", &log);
+  ASSERT_NE(p, nullptr) << log;
+  cl_kernel slow = clCreateKernel(p, "slow", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_command_queue q = clCreateCommandQueue(d.context, d.device, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem x = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 64 * 4, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  const uint32_t iters = 20000;
+  clSetKernelArg(slow, 0, sizeof(cl_mem), &x);
+  clSetKernelArg(slow, 1, sizeof(iters), &iters);
+  size_t global = 64;
+  // No event: waiting for one would settle the queue through it.
+  ASSERT_EQ(clEnqueueNDRangeKernel(q, slow, 1, nullptr, &global, nullptr, 0, nullptr, nullptr),
+            CL_SUCCESS);
+  ASSERT_EQ(clReleaseCommandQueue(q), CL_SUCCESS);  // unfinished
+  // Its end seen through the data (reads on the test's queue, which settle nothing of it).
+  uint32_t expect = 0;
+  for (uint32_t i = 0; i < iters; ++i) expect = expect * 1664525u + 1013904223u;
+  uint32_t first = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (first != expect && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, x, CL_TRUE, 0, 4, &first, 0, nullptr, nullptr),
+              CL_SUCCESS);
+  }
+  ASSERT_EQ(first, expect);
+  const auto files_before = StorageFiles();
+  // 64 buffers of 16 KiB (half an arena) made and released, 100 times: with slots reused, one
+  // or two arenas (the worker's answer that settles the released queue is on its way); held
+  // back, a new arena for every two rounds up to the limit (32).
+  std::vector<uint8_t> bytes(16 << 10, 0x5a), back(16 << 10);
+  for (int round = 0; round < 100; ++round) {
+    std::vector<cl_mem> made;
+    for (int i = 0; i < 64; ++i) {
+      bytes[0] = static_cast<uint8_t>(round + i);
+      cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                                bytes.size(), bytes.data(), &err);
+      ASSERT_EQ(err, CL_SUCCESS);
+      made.push_back(m);
+    }
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, made.back(), CL_TRUE, 0, back.size(), back.data(), 0,
+                                  nullptr, nullptr), CL_SUCCESS);
+    ASSERT_EQ(back, bytes);
+    for (cl_mem m : made) clReleaseMemObject(m);
+  }
+  const auto files_after = StorageFiles();
+  size_t added = 0;
+  for (uint64_t f : files_after) added += files_before.count(f) == 0;
+  if (expect_arenas) {
+    EXPECT_LE(added, 3u) << "arena slots released after an unfinished queue were not reused";
+  } else {
+    EXPECT_EQ(added, 0u);
+  }
+  clReleaseMemObject(x);
+  clReleaseKernel(slow);
+  clReleaseProgram(p);
+}
+
 // A blocking write has completed when it returns, natively: a command enqueued after it on
 // another queue, or on its own out-of-order queue, with no event between them, sees its data.
 // Through gmux a blocking write may return once its data is sent (the stream, TCP, shared
