@@ -81,6 +81,14 @@ class EventRecord {
   // final although the record completes only after the delivery (whose answer a client may act
   // on first).
   std::atomic<bool> ran{false};
+  // Its command failed before it reached the backend (no backend event to wait for), and the
+  // record completes only when the executor delivers it: the failure, for commands after it
+  // in the same round that wait for it (negative; CL_SUCCESS until then).
+  std::atomic<cl_int> failed_early{CL_SUCCESS};
+  cl_int StatusForWaiters() const {
+    const cl_int early = failed_early.load();
+    return early < 0 ? early : status();
+  }
 
   // Scheduler-thread-only state.
   bool staged = false;      // waiting in a tenant's staging list

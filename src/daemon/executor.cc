@@ -117,7 +117,7 @@ void Executor::Enqueue(Job job) {
   }
   for (const auto& d : cmd->deps) {
     if (fail != CL_SUCCESS) break;
-    cl_int st = d->status();
+    cl_int st = d->StatusForWaiters();
     if (st < 0) {
       fail = CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST;
     } else if (!d->user() && first) {
@@ -129,7 +129,7 @@ void Executor::Enqueue(Job job) {
     for (const auto& d : cmd->after) {
       // A failed write's data never came: what follows runs regardless, as it would natively
       // after the blocking call that returned the error.
-      if (d->status() < 0) continue;
+      if (d->StatusForWaiters() < 0) continue;
       if (Ref<cl_event> b = d->backend()) waits.push_back(b->h);
     }
   }
@@ -157,6 +157,7 @@ void Executor::Enqueue(Job job) {
     entry->status = fail;
     entry->done = true;
     if (!j.whole && cmd->chunk_status == CL_SUCCESS) cmd->chunk_status = fail;
+    cmd->event->failed_early.store(fail);
   }
   if (!entry->done &&
       std::find(unflushed_.begin(), unflushed_.end(), cmd->queue) == unflushed_.end()) {

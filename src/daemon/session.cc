@@ -480,29 +480,6 @@ bool IsHandleParam(uint32_t p) {
   }
 }
 
-// The end (exclusive) of a rectangular region in a linear memory, or false on overflow or an
-// empty region. Pitches of 0 take their OpenCL defaults and are written back.
-bool RectEnd(const size_t origin[3], const size_t region[3], size_t& row_pitch,
-             size_t& slice_pitch, uint64_t& end) {
-  if (region[0] == 0 || region[1] == 0 || region[2] == 0) return false;
-  if (row_pitch == 0) row_pitch = region[0];
-  size_t min_slice = 0;
-  if (__builtin_mul_overflow(region[1], row_pitch, &min_slice)) return false;
-  if (slice_pitch == 0) slice_pitch = min_slice;
-  if (row_pitch < region[0] || slice_pitch < min_slice) return false;
-  uint64_t z = 0, y = 0, x = 0, zs = 0, yr = 0, sum = 0;
-  if (__builtin_add_overflow(origin[2], region[2] - 1, &z) ||
-      __builtin_add_overflow(origin[1], region[1] - 1, &y) ||
-      __builtin_add_overflow(origin[0], region[0], &x) ||
-      __builtin_mul_overflow(z, slice_pitch, &zs) || __builtin_mul_overflow(y, row_pitch, &yr) ||
-      __builtin_add_overflow(zs, yr, &sum) || __builtin_add_overflow(sum, x, &sum)) {
-    return false;
-  }
-  if (sum > (1ull << 62)) return false;
-  end = sum;
-  return true;
-}
-
 bool Triple(capnp::List<uint64_t>::Reader l, size_t out[3]) {
   if (l.size() != 3) return false;
   for (unsigned i = 0; i < 3; ++i) out[i] = static_cast<size_t>(l[i]);
@@ -527,8 +504,8 @@ bool DecodeRect(wire::Rect::Reader r, RectArgs& a) {
   a.bsp = r.getBufferSlicePitch();
   a.hrp = r.getHostRowPitch();
   a.hsp = r.getHostSlicePitch();
-  return RectEnd(a.buffer_origin, a.region, a.brp, a.bsp, a.buffer_end) &&
-         RectEnd(a.host_origin, a.region, a.hrp, a.hsp, a.host_end);
+  return proto::RectEnd(a.buffer_origin, a.region, a.brp, a.bsp, a.buffer_end) &&
+         proto::RectEnd(a.host_origin, a.region, a.hrp, a.hsp, a.host_end);
 }
 
 // An image region's origin and region (3 entries each) and the host bytes its layout spans.
@@ -2023,13 +2000,6 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       }
     }
   }
-  if (r.getToldComplete()) {
-    if (q->in_order) {
-      std::erase_if(told_complete_,
-                    [&](const ToldComplete& t) { return t.queue == r.getQueue(); });
-    }
-    told_complete_.push_back({r.getQueue(), q->context, event});
-  }
 
   switch (r.which()) {
     case wire::Enqueue::NDRANGE: {
@@ -2427,6 +2397,12 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
 
   Track(*q, event);
   if (r.getKeepEvent()) events_[event_id] = event;
+  if (r.getToldComplete()) {
+    // It runs after every earlier one of its context (its `after`, or its in-order queue), so
+    // it stands for them: one entry per context, however many such writes a client sends.
+    std::erase_if(told_complete_, [&](const ToldComplete& t) { return t.context == q->context; });
+    told_complete_.push_back({r.getQueue(), q->context, event});
+  }
   to_submit_.push_back(std::move(cmd));
   return {};
 }

@@ -325,8 +325,8 @@ class Session {
   std::vector<std::shared_ptr<Command>> to_submit_;
   void SubmitPending();
   // Blocking writes the client returned from before they ran (Enqueue.toldComplete), not known
-  // to be done, with their queue: every later command of their context runs after them. An
-  // in-order queue's latest one stands for its earlier ones.
+  // to be done, with their queue: every later command of their context runs after them. The
+  // latest of a context stands for its earlier ones (it runs after them): one per context.
   struct ToldComplete {
     uint64_t queue;
     cl_context context;  // alive while the write is not done (its command holds the queue)

@@ -99,7 +99,7 @@ cl_int RemoteInfoOut(wire::ObjectKind kind, uint64_t id, cl_uint param, size_t s
 
 Enqueuer::Enqueuer(cl_command_queue q, cl_uint nwait, const cl_event* waits, cl_event* event_out,
                    cl_command_type type)
-    : q_(q), event_out_(event_out), type_(type) {
+    : q_(q), event_out_(event_out), type_(type), nwait_(nwait) {
   if (!Valid(q)) {
     err_ = CL_INVALID_COMMAND_QUEUE;
     return;
@@ -143,7 +143,11 @@ uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, b
 }
 
 cl_int Enqueuer::PostWrite(ShmBuffer held, cl_bool blocking, bool in_place) {
-  if (blocking && (event_out_ != nullptr || in_place)) {
+  // Natively the call waits for its wait list and for the commands before it, which a user event
+  // not set yet may hold up: returning early, the worker would order every later command after
+  // it, the one that sets the event included.
+  if (blocking && (event_out_ != nullptr || in_place || nwait_ != 0 ||
+                   q_->context->unset_user_events.load(std::memory_order_acquire) != 0)) {
     const uint64_t seq = c_->Begin(b_, nullptr, 0, {}, {}, false, held, Order());
     MakeEvent();
     return WaitCompleted(seq);

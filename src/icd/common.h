@@ -243,8 +243,9 @@ class Enqueuer {
   // answers that the command ran) was sent before. A blocking write returns once its data is
   // sent, marked toldComplete: the worker runs every later command of the session after it, on
   // any queue, as natively after a blocking call. It waits for the command to have run when
-  // the application asked for an event (whose status must then be complete) or `in_place`
-  // (the buffer is on shared memory, which the client reads and writes itself).
+  // the application asked for an event (whose status must then be complete), `in_place`
+  // (the buffer is on shared memory, which the client reads and writes itself), with a wait
+  // list, or while a user event of the context is not set.
   cl_int PostWrite(ShmBuffer held, cl_bool blocking, bool in_place);
   // A plain read of `size` bytes into dst, through shared memory when that pays.
   uint64_t BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking);
@@ -261,6 +262,7 @@ class Enqueuer {
   cl_command_queue q_;
   cl_event* event_out_;
   cl_command_type type_;
+  cl_uint nwait_;
   cl_int err_ = CL_SUCCESS;
   Connection* c_ = nullptr;
   capnp::MallocMessageBuilder b_;

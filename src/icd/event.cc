@@ -89,6 +89,7 @@ cl_event CL_API_CALL CreateUserEvent(cl_context ctx, cl_int* err) {
   if (!Valid(ctx)) return Fail(err, CL_INVALID_CONTEXT);
   Connection& c = Conn();
   cl_event e = NewEvent(ctx, nullptr, CL_COMMAND_USER, c.NextId());
+  ctx->unset_user_events.fetch_add(1, std::memory_order_acq_rel);
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<wire::Request>().initCreateUserEvent();
   r.setId(e->id);
@@ -105,6 +106,10 @@ cl_int CL_API_CALL SetUserEventStatus(cl_event e, cl_int status) {
   auto r = b.initRoot<wire::Request>().initSetUserEventStatus();
   r.setId(e->id);
   r.setStatus(status);
-  return Conn().Call(b);
+  const cl_int result = Conn().Call(b);
+  if (result == CL_SUCCESS && !e->user_set.exchange(true)) {
+    e->context->unset_user_events.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  return result;
 }
 }  // namespace gmux::icd

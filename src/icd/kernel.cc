@@ -95,7 +95,8 @@ cl_int CL_API_CALL SetKernelArg(cl_kernel k, cl_uint index, size_t size, const v
   const cl_uint qual = index < k->arg_qualifiers.size() ? k->arg_qualifiers[index] : 0;
   KernelArgSlot slot;
   if (qual == CL_KERNEL_ARG_ADDRESS_LOCAL || (qual == 0 && value == nullptr && size != sizeof(cl_mem))) {
-    if (value != nullptr || size == 0) return CL_INVALID_ARG_VALUE;
+    if (value != nullptr) return CL_INVALID_ARG_VALUE;
+    if (size == 0) return CL_INVALID_ARG_SIZE;  // OpenCL 1.2, 5.7.2
     slot.type = KernelArgSlot::kLocal;
     slot.local = size;
   } else if (value == nullptr) {
@@ -180,6 +181,54 @@ cl_int CL_API_CALL GetKernelArgInfo(cl_kernel k, cl_uint index, cl_kernel_arg_in
   return RemoteInfoOut(wire::ObjectKind::KERNEL, k->id, param, size, value, size_ret, nullptr, index);
 }
 
+namespace {
+
+// The local size against the kernel's and the device's limits, as OpenCL checks them at the
+// call (1.2, 5.8: CL_INVALID_WORK_GROUP_SIZE, CL_INVALID_WORK_ITEM_SIZE); the backend would
+// fail the command only when it runs. The limits are asked for once per kernel and device.
+cl_int CheckLocalSize(cl_command_queue q, cl_kernel k, cl_uint dim, const size_t* local) {
+  _cl_kernel::LaunchLimits lim;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(k->mu);
+    for (const auto& l : k->launch_limits) {
+      if (l.device == q->device) {
+        lim = l;
+        known = true;
+        break;
+      }
+    }
+  }
+  if (!known) {
+    lim.device = q->device;
+    GetKernelWorkGroupInfo(k, q->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof(lim.kernel_max),
+                           &lim.kernel_max, nullptr);
+    if (GetKernelWorkGroupInfo(k, q->device, CL_KERNEL_COMPILE_WORK_GROUP_SIZE,
+                               sizeof(lim.reqd), lim.reqd, nullptr) != CL_SUCCESS) {
+      lim.reqd[0] = lim.reqd[1] = lim.reqd[2] = 0;
+    }
+    std::vector<uint8_t> items;
+    if (DeviceInfo(q->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, items) == CL_SUCCESS &&
+        items.size() >= 3 * sizeof(size_t)) {
+      std::memcpy(lim.item_max, items.data(), sizeof(lim.item_max));
+    }
+    std::lock_guard<std::mutex> lock(k->mu);
+    k->launch_limits.push_back(lim);
+  }
+  const bool reqd = lim.reqd[0] != 0;
+  if (local == nullptr) return reqd ? CL_INVALID_WORK_GROUP_SIZE : CL_SUCCESS;
+  size_t total = 1;
+  for (cl_uint i = 0; i < dim; ++i) {
+    if (reqd && local[i] != lim.reqd[i]) return CL_INVALID_WORK_GROUP_SIZE;
+    if (lim.item_max[i] != 0 && local[i] > lim.item_max[i]) return CL_INVALID_WORK_ITEM_SIZE;
+    if (__builtin_mul_overflow(total, local[i], &total)) return CL_INVALID_WORK_GROUP_SIZE;
+  }
+  if (lim.kernel_max != 0 && total > lim.kernel_max) return CL_INVALID_WORK_GROUP_SIZE;
+  return CL_SUCCESS;
+}
+
+}  // namespace
+
 cl_int CL_API_CALL EnqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint dim,
                                         const size_t* offset, const size_t* global,
                                         const size_t* local, cl_uint nwait, const cl_event* waits,
@@ -215,6 +264,7 @@ cl_int CL_API_CALL EnqueueNDRangeKernel(cl_command_queue q, cl_kernel k, cl_uint
       if (s.type == KernelArgSlot::kUnset) return CL_INVALID_KERNEL_ARGS;
     }
   }
+  if (cl_int e = CheckLocalSize(q, k, dim, local); e != CL_SUCCESS) return e;
   if (empty) return Marker(q, nwait, waits, event, false, CL_COMMAND_NDRANGE_KERNEL);
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_NDRANGE_KERNEL);
   if (enq.err() != CL_SUCCESS) return enq.err();

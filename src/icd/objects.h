@@ -77,6 +77,9 @@ struct _cl_context : gmux::icd::ObjectHeader {
   // the worker says they completed: SettleWhenDone). At 0 no command can touch this context's buffers: a buffer on shared memory
   // released then may keep its memory for the next one (memory.cc).
   std::atomic<int64_t> in_flight{0};
+  // User events of this context created and not set yet (a blocking write waits while there
+  // are: Enqueuer::PostWrite).
+  std::atomic<int64_t> unset_user_events{0};
   // Slots of small buffers released while commands of this context were in flight (arena,
   // offset, size): reused once none is (memory.cc; under `mu`).
   std::vector<std::tuple<uint32_t, uint64_t, size_t>> arena_deferred;
@@ -192,6 +195,16 @@ struct _cl_kernel : gmux::icd::ObjectHeader {
   // clGetKernelWorkGroupInfo answers that cannot change for this kernel on a device (guarded by
   // mu): programs often ask before every launch, and each answer would cost a round trip.
   std::vector<std::pair<std::pair<const void*, cl_uint>, std::vector<uint8_t>>> wg_info;
+  // What bounds a launch's local size on a device (guarded by mu; made at the first launch
+  // there): the kernel's largest work-group, its reqd_work_group_size (0s: none) and the
+  // device's largest work-item sizes (0: not known).
+  struct LaunchLimits {
+    cl_device_id device = nullptr;
+    size_t kernel_max = 0;
+    size_t reqd[3] = {0, 0, 0};
+    size_t item_max[3] = {0, 0, 0};
+  };
+  std::vector<LaunchLimits> launch_limits;
 };
 
 struct _cl_event : gmux::icd::ObjectHeader {
@@ -205,4 +218,5 @@ struct _cl_event : gmux::icd::ObjectHeader {
   // A blocking call's event, once the call returned: complete, as natively, without asking the
   // worker (whose record completes just after its answer left).
   std::atomic<bool> known_complete{false};
+  std::atomic<bool> user_set{false};  // a user event whose status was set
 };

@@ -1,5 +1,6 @@
 // Buffer transfers (read, write, copy, fill, rectangles), markers, barriers and migrations.
 #include "icd/common.h"
+#include "proto/image_layout.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -27,6 +28,15 @@ void SetRect(wire::Rect::Builder r, const size_t* buffer_origin, const size_t* h
 }
 
 // Whether every page of [p, p+n) is mapped in this process.
+// A buffer rectangle's arguments as OpenCL checks them at the call (CL_INVALID_VALUE otherwise):
+// the region within `m`, the pitches (proto::RectEnd) on both sides.
+bool RectFits(cl_mem m, const size_t* bo, const size_t* ho, const size_t* region, size_t brp,
+              size_t bsp, size_t hrp, size_t hsp) {
+  uint64_t buffer_end = 0, host_end = 0;
+  return proto::RectEnd(bo, region, brp, bsp, buffer_end) && buffer_end <= m->size &&
+         proto::RectEnd(ho, region, hrp, hsp, host_end);
+}
+
 bool Mapped(const void* p, size_t n) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t from = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
@@ -192,7 +202,7 @@ cl_int CL_API_CALL EnqueueWriteBufferRect(cl_command_queue q, cl_mem m, cl_bool 
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, false, true); e != CL_SUCCESS) return e;
   if (ptr == nullptr || bo == nullptr || ho == nullptr || region == nullptr) return CL_INVALID_VALUE;
-  if (region[0] == 0 || region[1] == 0 || region[2] == 0) return CL_INVALID_VALUE;
+  if (!RectFits(m, bo, ho, region, brp, bsp, hrp, hsp)) return CL_INVALID_VALUE;
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER_RECT);
   if (enq.err() != CL_SUCCESS) return enq.err();
   size_t host_bytes = HostRectBytes(ho, region, hrp, hsp);
@@ -214,7 +224,7 @@ cl_int CL_API_CALL EnqueueReadBufferRect(cl_command_queue q, cl_mem m, cl_bool b
   if (cl_int e = CheckMem(q, m); e != CL_SUCCESS) return e;
   if (cl_int e = CheckHostAccess(m, true, false); e != CL_SUCCESS) return e;
   if (ptr == nullptr || bo == nullptr || ho == nullptr || region == nullptr) return CL_INVALID_VALUE;
-  if (region[0] == 0 || region[1] == 0 || region[2] == 0) return CL_INVALID_VALUE;
+  if (!RectFits(m, bo, ho, region, brp, bsp, hrp, hsp)) return CL_INVALID_VALUE;
   // The daemon returns the whole host span [0, end): read it into a staging copy and merge only
   // the rectangle's rows, leaving the application's other bytes untouched. Such reads always
   // block (OpenCL allows a non-blocking call to block).
@@ -257,7 +267,13 @@ cl_int CL_API_CALL EnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst,
       size > dst->size - dof) {
     return CL_INVALID_VALUE;
   }
-  if (src == dst && ((so <= dof && dof < so + size) || (dof <= so && so < dof + size))) {
+  // Sub-buffers of one buffer (or one and its parent) overlap where their bytes do (OpenCL 1.2,
+  // 5.2.3: CL_MEM_COPY_OVERLAP).
+  const cl_mem src_top = src->parent != nullptr ? src->parent : src;
+  const cl_mem dst_top = dst->parent != nullptr ? dst->parent : dst;
+  const size_t src_at = so + (src->parent != nullptr ? src->origin : 0);
+  const size_t dst_at = dof + (dst->parent != nullptr ? dst->origin : 0);
+  if (src_top == dst_top && src_at < dst_at + size && dst_at < src_at + size) {
     return CL_MEM_COPY_OVERLAP;
   }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_COPY_BUFFER);
@@ -278,6 +294,23 @@ cl_int CL_API_CALL EnqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem 
   if (cl_int e = CheckMem(q, src); e != CL_SUCCESS) return e;
   if (cl_int e = CheckMem(q, dst); e != CL_SUCCESS) return e;
   if (so == nullptr || dof == nullptr || region == nullptr) return CL_INVALID_VALUE;
+  // Both sides are buffer rectangles (the host side's checks are the destination's here).
+  // Pitches of 0 take their defaults; the request carries them as given.
+  uint64_t src_end = 0, dst_end = 0;
+  size_t src_rp = srp, src_sp = ssp, dst_rp = drp, dst_sp = dsp;
+  if (!proto::RectEnd(so, region, src_rp, src_sp, src_end) || src_end > src->size ||
+      !proto::RectEnd(dof, region, dst_rp, dst_sp, dst_end) || dst_end > dst->size) {
+    return CL_INVALID_VALUE;
+  }
+  if (src == dst) {
+    // One buffer: the same pitches (OpenCL 1.2, 5.2.3) and no shared byte.
+    if (src_rp != dst_rp || src_sp != dst_sp) return CL_INVALID_VALUE;
+    bool apart = false;
+    for (int i = 0; i < 3; ++i) {
+      apart = apart || so[i] + region[i] <= dof[i] || dof[i] + region[i] <= so[i];
+    }
+    if (!apart) return CL_MEM_COPY_OVERLAP;
+  }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_COPY_BUFFER_RECT);
   if (enq.err() != CL_SUCCESS) return enq.err();
   auto c = enq.cmd().initCopyBuffer();

@@ -98,4 +98,29 @@ inline void ImageFullRegion(uint32_t image_type, size_t width, size_t height, si
   }
 }
 
+// The end (exclusive) of a rectangular region in a linear memory (the buffer side or the host
+// side of clEnqueue{Read,Write,Copy}BufferRect), or false where OpenCL says CL_INVALID_VALUE:
+// an empty region, a row pitch below region[0], a slice pitch below region[1] rows; or on
+// overflow. Pitches of 0 take their OpenCL defaults and are written back.
+inline bool RectEnd(const size_t origin[3], const size_t region[3], size_t& row_pitch,
+                    size_t& slice_pitch, uint64_t& end) {
+  if (region[0] == 0 || region[1] == 0 || region[2] == 0) return false;
+  if (row_pitch == 0) row_pitch = region[0];
+  size_t min_slice = 0;
+  if (__builtin_mul_overflow(region[1], row_pitch, &min_slice)) return false;
+  if (slice_pitch == 0) slice_pitch = min_slice;
+  if (row_pitch < region[0] || slice_pitch < min_slice) return false;
+  uint64_t z = 0, y = 0, x = 0, zs = 0, yr = 0, sum = 0;
+  if (__builtin_add_overflow(origin[2], region[2] - 1, &z) ||
+      __builtin_add_overflow(origin[1], region[1] - 1, &y) ||
+      __builtin_add_overflow(origin[0], region[0], &x) ||
+      __builtin_mul_overflow(z, slice_pitch, &zs) || __builtin_mul_overflow(y, row_pitch, &yr) ||
+      __builtin_add_overflow(zs, yr, &sum) || __builtin_add_overflow(sum, x, &sum)) {
+    return false;
+  }
+  if (sum > (1ull << 62)) return false;
+  end = sum;
+  return true;
+}
+
 }  // namespace gmux::proto

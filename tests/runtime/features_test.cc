@@ -3,6 +3,7 @@
 // program binaries, build logs, fill/copy/rect transfers, profiling, callbacks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -368,6 +369,157 @@ TEST(FeaturesGmuxTest, ProgramFromBinaryBuiltTwiceStillRuns) {
   clReleaseKernel(k);
   clReleaseProgram(q);
   clReleaseProgram(p);
+}
+
+// A command whose wait list holds a command that failed (its own wait list held a user event
+// set to an error) does not run, on another queue too, and its event reports a failure.
+TEST_P(FeaturesTest, ACommandWaitingOnAFailedCommandDoesNotRun) {
+  cl_int err;
+  const size_t n = 256;
+  std::vector<int> five(n, 5);
+  cl_mem b = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof(int),
+                            five.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem c = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof(int),
+                            five.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_command_queue q2 = clCreateCommandQueue(d_.context, d_.device, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_program p = BuildProgram(d_, kScale);
+  ASSERT_NE(p, nullptr);
+  cl_kernel ka = clCreateKernel(p, "addk", &err);
+  cl_kernel kb = clCreateKernel(p, "addk", &err);
+  const int k1 = 6, k2 = 17;
+  clSetKernelArg(ka, 0, sizeof(cl_mem), &b);
+  clSetKernelArg(ka, 1, sizeof(int), &k1);
+  clSetKernelArg(kb, 0, sizeof(cl_mem), &c);
+  clSetKernelArg(kb, 1, sizeof(int), &k2);
+  cl_event user = clCreateUserEvent(d_.context, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event ea = nullptr, eb = nullptr;
+  ASSERT_EQ(clEnqueueNDRangeKernel(d_.queue, ka, 1, nullptr, &n, nullptr, 1, &user, &ea),
+            CL_SUCCESS);
+  ASSERT_EQ(clEnqueueNDRangeKernel(q2, kb, 1, nullptr, &n, nullptr, 1, &ea, &eb), CL_SUCCESS);
+  clFlush(d_.queue);
+  clFlush(q2);
+  ASSERT_EQ(clSetUserEventStatus(user, -5), CL_SUCCESS);
+  EXPECT_EQ(clWaitForEvents(1, &ea), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  EXPECT_EQ(clWaitForEvents(1, &eb), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  cl_int status = 0;
+  clGetEventInfo(eb, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status, nullptr);
+  EXPECT_LT(status, 0);
+  std::vector<int> out(n, -1);
+  ASSERT_EQ(clEnqueueReadBuffer(q2, c, CL_TRUE, 0, n * sizeof(int), out.data(), 0, nullptr,
+                                nullptr), CL_SUCCESS);
+  EXPECT_EQ(out[0], 5) << "the command behind the failed one ran";
+  ASSERT_EQ(clEnqueueReadBuffer(q2, b, CL_TRUE, 0, n * sizeof(int), out.data(), 0, nullptr,
+                                nullptr), CL_SUCCESS);
+  EXPECT_EQ(out[0], 5);
+  clReleaseEvent(ea);
+  clReleaseEvent(eb);
+  clReleaseEvent(user);
+  clReleaseKernel(ka);
+  clReleaseKernel(kb);
+  clReleaseProgram(p);
+  clReleaseCommandQueue(q2);
+  clReleaseMemObject(b);
+  clReleaseMemObject(c);
+}
+
+// A blocking write held by a user event blocks its caller only: another thread's blocking read
+// of another buffer on another queue completes, and then sets the event. (Buffers with
+// CL_MEM_USE_HOST_PTR take gmux's copying paths.)
+TEST_P(FeaturesTest, ABlockingWriteHeldByAUserEventHoldsUpNothingElse) {
+  cl_int err;
+  const size_t n = 4096;
+  std::vector<int> xs(n, 0), ys(n, 9), data(n, 2);
+  cl_mem x = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, n * sizeof(int),
+                            xs.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem y = clCreateBuffer(d_.context, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, n * sizeof(int),
+                            ys.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_command_queue q2 = clCreateCommandQueue(d_.context, d_.device, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event user = clCreateUserEvent(d_.context, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  std::atomic<bool> read_done{false}, set{false};
+  std::vector<int> got(n, -1);
+  std::thread other([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(clEnqueueReadBuffer(q2, y, CL_TRUE, 0, n * sizeof(int), got.data(), 0, nullptr,
+                                  nullptr), CL_SUCCESS);
+    read_done = true;
+    if (!set.exchange(true)) clSetUserEventStatus(user, CL_COMPLETE);
+  });
+  // A watchdog, so that a deadlock fails the test instead of hanging it.
+  std::thread watchdog([&] {
+    for (int i = 0; i < 300 && !read_done; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!set.exchange(true)) clSetUserEventStatus(user, CL_COMPLETE);
+  });
+  EXPECT_EQ(clEnqueueWriteBuffer(d_.queue, x, CL_TRUE, 0, n * sizeof(int), data.data(), 1, &user,
+                                 nullptr), CL_SUCCESS);
+  EXPECT_TRUE(set.load()) << "the blocking write returned before its user event was set";
+  other.join();
+  watchdog.join();
+  EXPECT_TRUE(read_done.load());
+  EXPECT_EQ(got[0], 9);
+  std::vector<int> out(n, -1);
+  ASSERT_EQ(clEnqueueReadBuffer(d_.queue, x, CL_TRUE, 0, n * sizeof(int), out.data(), 0, nullptr,
+                                nullptr), CL_SUCCESS);
+  EXPECT_EQ(out[0], 2);
+  clReleaseEvent(user);
+  clReleaseCommandQueue(q2);
+  clReleaseMemObject(x);
+  clReleaseMemObject(y);
+}
+
+// Copies that overlap, and rectangles outside their buffer or with pitches too small, are the
+// call's own error (OpenCL 1.2, 5.2.2 and 5.2.3), not a failure reported later.
+TEST_P(FeaturesTest, OverlappingCopiesAndBadRectanglesFailAtTheCall) {
+  cl_int err;
+  const size_t bytes = 64 << 10;
+  cl_mem b = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, bytes, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem c = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, bytes, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_uint align_bits = 0;
+  clGetDeviceInfo(d_.device, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof(align_bits), &align_bits,
+                  nullptr);
+  const size_t align = std::max<size_t>(align_bits / 8, 256);
+  cl_buffer_region r1{0, 4 * align}, r2{2 * align, 4 * align};
+  cl_mem s1 = clCreateSubBuffer(b, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &r1, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem s2 = clCreateSubBuffer(b, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &r2, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  EXPECT_EQ(clEnqueueCopyBuffer(d_.queue, s1, s2, 0, 0, 3 * align, 0, nullptr, nullptr),
+            CL_MEM_COPY_OVERLAP);
+  EXPECT_EQ(clEnqueueCopyBuffer(d_.queue, s1, s2, 0, 2 * align, align, 0, nullptr, nullptr),
+            CL_SUCCESS);  // bytes 0..align of b to 4*align..5*align: apart
+  const size_t o0[3] = {0, 0, 0}, o1[3] = {8, 1, 0};
+  const size_t region[3] = {16, 4, 1}, big[3] = {64, 2048, 1};
+  EXPECT_EQ(clEnqueueCopyBufferRect(d_.queue, b, b, o0, o1, region, 64, 0, 64, 0, 0, nullptr,
+                                    nullptr), CL_MEM_COPY_OVERLAP);
+  EXPECT_EQ(clEnqueueCopyBufferRect(d_.queue, b, b, o0, o1, region, 64, 0, 32, 0, 0, nullptr,
+                                    nullptr), CL_INVALID_VALUE);  // one buffer, two pitches
+  EXPECT_EQ(clEnqueueCopyBufferRect(d_.queue, b, c, o0, o0, big, 64, 0, 64, 0, 0, nullptr,
+                                    nullptr), CL_INVALID_VALUE);  // 128 KiB from 64 KiB
+  std::vector<uint8_t> host(256 << 10);
+  EXPECT_EQ(clEnqueueWriteBufferRect(d_.queue, b, CL_TRUE, o0, o0, big, 64, 0, 64, 0, host.data(),
+                                     0, nullptr, nullptr), CL_INVALID_VALUE);
+  EXPECT_EQ(clEnqueueWriteBufferRect(d_.queue, b, CL_FALSE, o0, o0, region, 8, 0, 16, 0,
+                                     host.data(), 0, nullptr, nullptr), CL_INVALID_VALUE);
+  EXPECT_EQ(clEnqueueWriteBufferRect(d_.queue, b, CL_TRUE, o0, o0, region, 16, 0, 8, 0,
+                                     host.data(), 0, nullptr, nullptr), CL_INVALID_VALUE);
+  EXPECT_EQ(clEnqueueReadBufferRect(d_.queue, b, CL_TRUE, o0, o0, region, 16, 32, 16, 0,
+                                    host.data(), 0, nullptr, nullptr), CL_INVALID_VALUE);
+  EXPECT_EQ(clFinish(d_.queue), CL_SUCCESS);  // nothing failed later
+  clReleaseMemObject(s1);
+  clReleaseMemObject(s2);
+  clReleaseMemObject(b);
+  clReleaseMemObject(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(GmuxAndNative, FeaturesTest,
