@@ -217,13 +217,16 @@ cl_int CheckLocalSize(cl_command_queue q, cl_kernel k, cl_uint dim, const size_t
   }
   const bool reqd = lim.reqd[0] != 0;
   if (local == nullptr) return reqd ? CL_INVALID_WORK_GROUP_SIZE : CL_SUCCESS;
+  // The work-group checks first, as the backend orders them.
   size_t total = 1;
   for (cl_uint i = 0; i < dim; ++i) {
     if (reqd && local[i] != lim.reqd[i]) return CL_INVALID_WORK_GROUP_SIZE;
-    if (lim.item_max[i] != 0 && local[i] > lim.item_max[i]) return CL_INVALID_WORK_ITEM_SIZE;
     if (__builtin_mul_overflow(total, local[i], &total)) return CL_INVALID_WORK_GROUP_SIZE;
   }
   if (lim.kernel_max != 0 && total > lim.kernel_max) return CL_INVALID_WORK_GROUP_SIZE;
+  for (cl_uint i = 0; i < dim; ++i) {
+    if (lim.item_max[i] != 0 && local[i] > lim.item_max[i]) return CL_INVALID_WORK_ITEM_SIZE;
+  }
   return CL_SUCCESS;
 }
 

@@ -522,6 +522,52 @@ TEST_P(FeaturesTest, OverlappingCopiesAndBadRectanglesFailAtTheCall) {
   clReleaseMemObject(c);
 }
 
+// Local sizes the kernel or the device cannot take, and a __local argument of 0 bytes, are the
+// call's errors (OpenCL 1.2, 5.7.2 and 5.8), not a failure the next clFinish reports.
+TEST_P(FeaturesTest, BadLocalSizesFailAtTheCall) {
+  cl_int err;
+  cl_program p = BuildProgram(d_, R"(
+    __kernel __attribute__((reqd_work_group_size(4, 1, 1)))
+    void fixed(__global int* a) { a[get_global_id(0)] = 1; }
+    __kernel void free_size(__global int* a, __local int* scratch) {
+      scratch[get_local_id(0)] = 1;
+      a[get_global_id(0)] = scratch[get_local_id(0)];
+    })");
+  ASSERT_NE(p, nullptr);
+  cl_kernel fixed = clCreateKernel(p, "fixed", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_kernel free_size = clCreateKernel(p, "free_size", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  size_t max_wg = 0;
+  clGetDeviceInfo(d_.device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof(max_wg), &max_wg, nullptr);
+  ASSERT_GT(max_wg, 0u);
+  const size_t n = 4 * max_wg;
+  cl_mem a = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, n * sizeof(int), nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  clSetKernelArg(fixed, 0, sizeof(cl_mem), &a);
+  clSetKernelArg(free_size, 0, sizeof(cl_mem), &a);
+  EXPECT_EQ(clSetKernelArg(free_size, 1, 0, nullptr), CL_INVALID_ARG_SIZE);
+  ASSERT_EQ(clSetKernelArg(free_size, 1, 16 * sizeof(int), nullptr), CL_SUCCESS);
+  const size_t global = 16, two = 2, four = 4, too_big = 2 * max_wg;
+  EXPECT_EQ(clEnqueueNDRangeKernel(d_.queue, fixed, 1, nullptr, &global, &two, 0, nullptr,
+                                   nullptr), CL_INVALID_WORK_GROUP_SIZE);
+  EXPECT_EQ(clEnqueueNDRangeKernel(d_.queue, fixed, 1, nullptr, &global, nullptr, 0, nullptr,
+                                   nullptr), CL_INVALID_WORK_GROUP_SIZE);
+  EXPECT_EQ(clEnqueueNDRangeKernel(d_.queue, fixed, 1, nullptr, &global, &four, 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+  const size_t big_global = 2 * max_wg;
+  EXPECT_EQ(clEnqueueNDRangeKernel(d_.queue, free_size, 1, nullptr, &big_global, &too_big, 0,
+                                   nullptr, nullptr), CL_INVALID_WORK_GROUP_SIZE);
+  const size_t sixteen = 16;
+  EXPECT_EQ(clEnqueueNDRangeKernel(d_.queue, free_size, 1, nullptr, &global, &sixteen, 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+  EXPECT_EQ(clFinish(d_.queue), CL_SUCCESS);  // nothing failed later
+  clReleaseMemObject(a);
+  clReleaseKernel(fixed);
+  clReleaseKernel(free_size);
+  clReleaseProgram(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(GmuxAndNative, FeaturesTest,
                          ::testing::Values(kGmux, kNative),
                          [](const auto& param_info) {
