@@ -40,6 +40,20 @@ std::vector<uint32_t> Pattern(size_t n, uint32_t seed) {
   return v;
 }
 
+// Whether this build's small buffers take arenas (docs/protocol.md, "Buffers on shared memory").
+bool ArenasApply() {
+  return !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") && !EnvIs("GMUX_BUFFER_STORAGE", "0") &&
+         !EnvIs("GMUX_STORAGE_ARENAS", "0");
+}
+
+// A kernel that keeps the device busy for `n` rounds per work-item.
+constexpr const char* kSlowKernel = R"(
+    __kernel void slow(__global uint* x, uint n) {
+      uint acc = get_global_id(0);
+      for (uint i = 0; i < n; ++i) acc = acc * 1664525u + 1013904223u;
+      x[get_global_id(0)] = acc;
+    })";
+
 TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   ClDevice d;
   ASSERT_TRUE(OpenDevice(kGmux, d));
@@ -714,9 +728,7 @@ TEST(TransfersTest, NewLargeBuffersFaultedInAheadKeepEveryByte) {
 TEST(TransfersTest, SmallBuffersShareArenasAndKeepEveryByte) {
   ClDevice d;
   ASSERT_TRUE(OpenDevice(kGmux, d));
-  const bool expect_arenas = !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") &&
-                             !EnvIs("GMUX_BUFFER_STORAGE", "0") &&
-                             !EnvIs("GMUX_STORAGE_ARENAS", "0");
+  const bool expect_arenas = ArenasApply();
   const auto files_before = StorageFiles();
   const size_t sizes[] = {1, 3, 255, 256, 257, 4095, 4096, 4097, 40000, 65535};
   struct Small {
@@ -934,17 +946,10 @@ TEST(TransfersTest, MemoryTheApplicationUnmappedIsAnErrorNotACrash) {
 TEST(TransfersTest, AQueueReleasedUnfinishedDoesNotHoldArenaSlots) {
   ClDevice d;
   ASSERT_TRUE(OpenDevice(kGmux, d));
-  const bool expect_arenas = !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") &&
-                             !EnvIs("GMUX_BUFFER_STORAGE", "0") &&
-                             !EnvIs("GMUX_STORAGE_ARENAS", "0");
+  const bool expect_arenas = ArenasApply();
   cl_int err;
   std::string log;
-  cl_program p = BuildProgram(d, R"(
-    __kernel void slow(__global uint* x, uint n) {
-      uint acc = get_global_id(0);
-      for (uint i = 0; i < n; ++i) acc = acc * 1664525u + 1013904223u;
-      x[get_global_id(0)] = acc;
-    })", &log);
+  cl_program p = BuildProgram(d, kSlowKernel, &log);
   ASSERT_NE(p, nullptr) << log;
   cl_kernel slow = clCreateKernel(p, "slow", &err);
   ASSERT_EQ(err, CL_SUCCESS);
@@ -1017,12 +1022,7 @@ TEST(TransfersTest, BlockingWritesAreDoneForCommandsOfEveryQueue) {
       clCreateCommandQueue(d.context, d.device, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
   ASSERT_EQ(err, CL_SUCCESS);
   std::string log;
-  cl_program p = BuildProgram(d, R"(
-    __kernel void slow(__global uint* x, uint n) {
-      uint acc = get_global_id(0);
-      for (uint i = 0; i < n; ++i) acc = acc * 1664525u + 1013904223u;
-      x[get_global_id(0)] = acc;
-    }
+  cl_program p = BuildProgram(d, std::string(kSlowKernel) + R"(
     __kernel void copy_plus(__global const uint* a, __global uint* b, uint k) {
       size_t i = get_global_id(0);
       b[i] = a[i] + k;
