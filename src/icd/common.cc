@@ -211,13 +211,13 @@ void SettleUpTo(cl_command_queue q, uint64_t number) {
 
 bool OnSharedMemory(cl_mem m) {
   if (m->is_image()) return m->desc.buffer != nullptr && OnSharedMemory(m->desc.buffer);
-  const cl_mem top = m->parent != nullptr ? m->parent : m;
+  const cl_mem top = TopOf(m);
   return top->storage != nullptr;
 }
 
 uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,
                  const cl_event* event_out) {
-  cl_mem top = m->parent != nullptr ? m->parent : m;
+  cl_mem top = TopOf(m);
   if (top->storage == nullptr || !blocking || event_out != nullptr || !Valid(q) ||
       (q->properties & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) != 0) {
     return nullptr;

@@ -287,6 +287,8 @@ inline bool Settled(cl_command_queue q) {
 // transfer's command), the queue is out of order, or the connection is lost or the parent's.
 uint8_t* InPlace(cl_command_queue q, cl_mem m, size_t offset, cl_bool blocking,
                  const cl_event* event_out);
+// The buffer `m` lies in: its parent for a sub-buffer, else itself.
+inline cl_mem TopOf(cl_mem m) { return m->parent != nullptr ? m->parent : m; }
 // Whether `m` (a buffer, a sub-buffer, an image from a buffer) lies on shared memory the client
 // touches in place.
 bool OnSharedMemory(cl_mem m);

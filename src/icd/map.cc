@@ -20,7 +20,7 @@ void* CL_API_CALL EnqueueMapBuffer(cl_command_queue q, cl_mem m, cl_bool blockin
   // waited for can still touch it (docs/protocol.md, "Buffers on shared memory").
   if (uint8_t* at = InPlace(q, m, offset, blocking, event);
       at != nullptr && m->host_ptr == nullptr) {
-    cl_mem top = m->parent != nullptr ? m->parent : m;
+    cl_mem top = TopOf(m);
     top->refs.fetch_add(1);  // another thread may release the last reference while it waits
     cl_int e = WaitInPlace(q, nwait, waits);
     Release(top);

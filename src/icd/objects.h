@@ -74,8 +74,9 @@ struct _cl_context : gmux::icd::ObjectHeader {
   std::atomic<bool> storage_declined{false};
   // Commands enqueued on this context's queues not known to have completed (the sum of its
   // queues' enqueued - settled; a queue released before it settled leaves its part here until
-  // the worker says they completed: SettleWhenDone). At 0 no command can touch this context's buffers: a buffer on shared memory
-  // released then may keep its memory for the next one (memory.cc).
+  // the worker says they completed: SettleWhenDone). At 0 no command can touch this context's
+  // buffers: a buffer on shared memory released then may keep its memory for the next one
+  // (memory.cc).
   std::atomic<int64_t> in_flight{0};
   // User events of this context created and not set yet (a blocking write waits while there
   // are: Enqueuer::PostWrite).

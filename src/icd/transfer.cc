@@ -27,7 +27,6 @@ void SetRect(wire::Rect::Builder r, const size_t* buffer_origin, const size_t* h
   r.setHostSlicePitch(host_slice);
 }
 
-// Whether every page of [p, p+n) is mapped in this process.
 // A buffer rectangle's arguments as OpenCL checks them at the call (CL_INVALID_VALUE otherwise):
 // the region within `m`, the pitches (proto::RectEnd) on both sides.
 bool RectFits(cl_mem m, const size_t* bo, const size_t* ho, const size_t* region, size_t brp,
@@ -37,6 +36,7 @@ bool RectFits(cl_mem m, const size_t* bo, const size_t* ho, const size_t* region
          proto::RectEnd(ho, region, hrp, hsp, host_end);
 }
 
+// Whether every page of [p, p+n) is mapped in this process.
 bool Mapped(const void* p, size_t n) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t from = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
@@ -105,7 +105,7 @@ bool TryRemote(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size_
   const uint64_t seq = enq.Begin(nullptr, 0, blocking);
   if (!blocking) return true;  // a read: CL_SUCCESS
   *result = write ? c->Wait(seq) : enq.WaitCompleted(seq);
-  if (*result == CL_SUCCESS) enq.MarkComplete();
+  if (write && *result == CL_SUCCESS) enq.MarkComplete();  // WaitCompleted marks a read's
   if (*result == CL_SUCCESS || !CopyInstead(*c, *result, ptr, size)) return true;
   DropEvent(event);
   return false;
@@ -128,7 +128,7 @@ bool TryStorage(cl_command_queue q, cl_mem m, bool write, cl_bool blocking, size
   if (at == nullptr || !Mapped(ptr, size)) return false;
   // Held while waiting and copying: another thread may release the application's last
   // reference meanwhile (OpenCL defers the deletion until commands using it are done).
-  cl_mem top = m->parent != nullptr ? m->parent : m;
+  cl_mem top = TopOf(m);
   top->refs.fetch_add(1);
   *result = WaitInPlace(q, nwait, waits);
   if (*result == CL_SUCCESS && write) {
@@ -269,11 +269,8 @@ cl_int CL_API_CALL EnqueueCopyBuffer(cl_command_queue q, cl_mem src, cl_mem dst,
   }
   // Sub-buffers of one buffer (or one and its parent) overlap where their bytes do (OpenCL 1.2,
   // 5.2.3: CL_MEM_COPY_OVERLAP).
-  const cl_mem src_top = src->parent != nullptr ? src->parent : src;
-  const cl_mem dst_top = dst->parent != nullptr ? dst->parent : dst;
-  const size_t src_at = so + (src->parent != nullptr ? src->origin : 0);
-  const size_t dst_at = dof + (dst->parent != nullptr ? dst->origin : 0);
-  if (src_top == dst_top && src_at < dst_at + size && dst_at < src_at + size) {
+  const size_t src_at = so + src->origin, dst_at = dof + dst->origin;  // origin: 0 at the top
+  if (TopOf(src) == TopOf(dst) && src_at < dst_at + size && dst_at < src_at + size) {
     return CL_MEM_COPY_OVERLAP;
   }
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_COPY_BUFFER);
