@@ -290,11 +290,28 @@ void HostBuffer::FaultInAhead() {
 }
 
 std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, size_t size) {
+  return View(std::move(whole), 0, size);
+}
+
+std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, size_t offset,
+                                             size_t size) {
   auto v = std::shared_ptr<HostBuffer>(new HostBuffer());
-  v->data_ = whole->data_;
-  v->size_ = std::min(size, whole->size_);
+  offset = std::min(offset, whole->size_);
+  v->data_ = whole->data_ + offset;
+  v->size_ = std::min(size, whole->size_ - offset);
   v->whole_ = std::move(whole);
   return v;
+}
+
+std::shared_ptr<HostBuffer> HostBuffer::Anonymous(size_t n) {
+  auto b = std::shared_ptr<HostBuffer>(new HostBuffer());
+  if (n == 0) return nullptr;
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  b->data_ = static_cast<uint8_t*>(p);
+  b->size_ = n;
+  b->mapped_ = true;
+  return b;
 }
 
 namespace {
@@ -1126,6 +1143,13 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         if (!e.ok()) return e;
         flags |= CL_MEM_COPY_HOST_PTR;
       }
+      // A large buffer whose client keeps no storage for it (TCP): on devices that work in
+      // place, its storage is this process's memory, so that inline write data is received
+      // straight into it (DirectTarget). Still the worker's private memory (PrivateRoom).
+      std::shared_ptr<HostBuffer> own_storage;
+      if (!r.getStorage() && !init && r.getSize() >= kOwnStorageMinBytes && StorageFor(*ctx)) {
+        own_storage = HostBuffer::Anonymous(r.getSize());
+      }
       std::shared_ptr<MemCharge> charge;
       if (Err e = ChargeMemory(ctx->devices, r.getSize(), true, charge); !e.ok()) {
         if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
@@ -1140,13 +1164,24 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       cl_int err = CL_SUCCESS;
       auto lock = residency_->Lock();
-      cl_mem m = on_storage
-                     ? CreateOnStorage(cl_, ctx->ctx->h, flags, r.getSize(), storage, &err)
-                     : cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
-                                          init ? init->bytes.data()
-                                          : (flags & CL_MEM_COPY_HOST_PTR) != 0 ? storage.get()
-                                                                                : nullptr,
-                                          &err);
+      cl_mem m = nullptr;
+      if (own_storage) {
+        storage = std::shared_ptr<uint8_t>(own_storage, own_storage->data());
+        m = CreateOnStorage(cl_, ctx->ctx->h, flags, r.getSize(), storage, &err);
+        if (m == nullptr) {  // then as any other buffer
+          storage.reset();
+          own_storage.reset();
+        }
+      }
+      if (m == nullptr) {
+        m = on_storage
+                ? CreateOnStorage(cl_, ctx->ctx->h, flags, r.getSize(), storage, &err)
+                : cl_.clCreateBuffer(ctx->ctx->h, flags, r.getSize(),
+                                     init ? init->bytes.data()
+                                     : (flags & CL_MEM_COPY_HOST_PTR) != 0 ? storage.get()
+                                                                           : nullptr,
+                                     &err);
+      }
       if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
       if (m == nullptr) return {err, "clCreateBuffer failed"};
       // Declined because the devices do not work in place: the client offers no more. Declined
@@ -1164,7 +1199,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       a.devices = ctx->devices;
       a.flags = flags & ~static_cast<cl_mem_flags>(CL_MEM_COPY_HOST_PTR);
       a.bytes = r.getSize();
-      if (on_storage) a.storage = std::move(storage);
+      if (on_storage || own_storage) a.storage = std::move(storage);
+      mo.own_storage = std::move(own_storage);
       mo.alloc = residency_->AddLocked(std::move(a));
       mems_[r.getId()] = std::move(mo);
       return {};
@@ -1694,9 +1730,33 @@ Session::Err Session::RefuseBulk(uint64_t seq, uint64_t token, Err e) {
   return seq != 0 ? e : Err{};
 }
 
+std::shared_ptr<HostBuffer> Session::DirectTarget(wire::BulkBegin::Reader r) {
+  if (r.getShm() || r.getDestMem() == 0 || r.getSize() == 0) return nullptr;
+  auto* m = FindId(mems_, r.getDestMem());
+  if (m == nullptr || !m->own_storage) return nullptr;
+  if (r.getDestOffset() > m->size || r.getSize() > m->size - r.getDestOffset()) return nullptr;
+  if (!to_submit_.empty()) return nullptr;
+  if (const uint64_t n = sink_.Outstanding(); n != 0) {
+    // Only earlier writes received in place, whose commands take no time: waited for (a few
+    // milliseconds at most, if one waits behind something), so that a run of writes is received
+    // in place, not only its first.
+    if (n > direct_markers_->load()) return nullptr;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+    sink_.WaitUntil(
+        [&] { return sink_.Outstanding() == 0 || std::chrono::steady_clock::now() > until; });
+    if (sink_.Outstanding() != 0) return nullptr;
+  }
+  return HostBuffer::View(m->own_storage, r.getDestOffset(), r.getSize());
+}
+
 Session::Err Session::BeginBulk(wire::BulkBegin::Reader r) {
   std::shared_ptr<Bulk> b;
-  if (r.getShm()) {
+  if (auto direct = DirectTarget(r)) {
+    // Received in place: no staging (a view of the buffer's storage stages nothing).
+    b = std::make_shared<Bulk>(std::move(direct));
+    b->direct_mem = r.getDestMem();
+    b->direct_offset = r.getDestOffset();
+  } else if (r.getShm()) {
     // The client's own memory, mapped: nothing is allocated here, so no staging limit applies
     // (the command that uses it checks the size against its buffer).
     if (passed_fd_ < 0) return {CL_INVALID_VALUE, "shared-memory bulk without a descriptor"};
@@ -1764,7 +1824,8 @@ void Session::RefreshLimits() {
   }
 }
 
-Session::Err Session::TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out) {
+Session::Err Session::TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out,
+                               bool direct_ok) {
   auto it = bulk_.find(token);
   if (it == bulk_.end()) {
     if (token != 0 && token == refused_bulk_) {
@@ -1775,6 +1836,10 @@ Session::Err Session::TakeBulk(uint64_t token, uint64_t expected, std::shared_pt
   }
   out = std::move(it->second);
   bulk_.erase(it);
+  if (out->direct_mem != 0 && !direct_ok) {
+    out.reset();
+    return {CL_INVALID_VALUE, "bulk data announced for a buffer write used otherwise"};
+  }
   if (out->bytes.size() != expected || out->filled != out->bytes.size()) {
     core_->bulk_bytes.fetch_sub(out->bytes.staged());
     out.reset();
@@ -2207,22 +2272,38 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
         if (wb.getOffset() > m->size || wb.getSize() > m->size - wb.getOffset() || wb.getSize() == 0) {
           return fail({CL_INVALID_VALUE, "write outside the buffer"});
         }
-        Err e = TakeBulk(wb.getBulk(), wb.getSize(), data);
+        Err e = TakeBulk(wb.getBulk(), wb.getSize(), data, /*direct_ok=*/true);
         if (!e.ok()) return fail(e);
         uint64_t off = wb.getOffset();
-        cmd->run = [mem = m->mem, data, off](cl_command_queue cq, const std::vector<cl_event>& w,
-                                             cl_event* out) {
-          return Dispatch(cq).clEnqueueWriteBuffer(cq, mem->h, CL_FALSE, off, data->bytes.size(),
-                                                   data->bytes.data(), static_cast<cl_uint>(w.size()),
-                                                   w.empty() ? nullptr : w.data(), out);
-        };
+        if (data->direct_mem != 0) {
+          // Received in place: the bytes are in the buffer already, and nothing ran since they
+          // came (DirectTarget). The command keeps the write's place in the queue and its event.
+          if (data->direct_mem != wb.getMem() || data->direct_offset != off) {
+            return fail({CL_INVALID_VALUE, "bulk data was received for another write"});
+          }
+          cmd->run = [](cl_command_queue cq, const std::vector<cl_event>& w, cl_event* out) {
+            return Dispatch(cq).clEnqueueMarkerWithWaitList(
+                cq, static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(), out);
+          };
+          direct_markers_->fetch_add(1);
+        } else {
+          cmd->run = [mem = m->mem, data, off](cl_command_queue cq,
+                                               const std::vector<cl_event>& w, cl_event* out) {
+            return Dispatch(cq).clEnqueueWriteBuffer(
+                cq, mem->h, CL_FALSE, off, data->bytes.size(), data->bytes.data(),
+                static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(), out);
+          };
+        }
       }
       cmd->block.kind = core::BlockKind::kCopy;
       cmd->block.bytes = data->bytes.size();
       // A write with a seq (its data in the client's shared memory) is answered once it ran, so
       // the client may reuse that memory.
-      cmd->finished = [core = core_, data, seq](cl_int status) {
+      cmd->finished = [core = core_, data, seq,
+                       markers = data->direct_mem != 0 ? direct_markers_ : nullptr](
+                          cl_int status) {
         core->bulk_bytes.fetch_sub(data->bytes.staged());
+        if (markers) markers->fetch_sub(1);
         if (seq != 0) core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
       };
       replied = seq != 0;

@@ -53,6 +53,12 @@ class HostBuffer {
   void FaultInAhead();
   // The first `size` bytes of `whole` (kept alive by the view).
   static std::shared_ptr<HostBuffer> View(std::shared_ptr<HostBuffer> whole, size_t size);
+  // `size` bytes `offset` into `whole` (which must hold them).
+  static std::shared_ptr<HostBuffer> View(std::shared_ptr<HostBuffer> whole, size_t offset,
+                                          size_t size);
+  // `n` bytes of fresh anonymous memory, page-aligned, zero (null when mmap fails): a buffer's
+  // storage in this process.
+  static std::shared_ptr<HostBuffer> Anonymous(size_t n);
   ~HostBuffer();
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;
@@ -197,6 +203,9 @@ class Session {
     std::shared_ptr<MemCharge> charge{};  // none for sub-buffers (their parent's counts)
     std::shared_ptr<Residency::Allocation> alloc{};  // its recipe, to move it off the device
     std::shared_ptr<void> private_booking{};  // in the worker's own memory (PrivateRoom)
+    // A large buffer of a client that offered no storage (TCP), on devices that work in place:
+    // its storage is this process's memory, which inline write data is received into.
+    std::shared_ptr<HostBuffer> own_storage{};
   };
   struct ProgramObj {
     Ref<cl_program> program;
@@ -225,6 +234,9 @@ class Session {
     std::shared_ptr<HostBuffer> buffer;
     HostBuffer& bytes;
     uint64_t filled = 0;  // chunks arrive in order, so [0, filled) is written
+    // Received in place: `buffer` is this part of that buffer's own storage (0: staged).
+    uint64_t direct_mem = 0;
+    uint64_t direct_offset = 0;
   };
   // An OpenCL error with a message for the client.
   struct Err {
@@ -258,7 +270,18 @@ class Session {
   bool StagingRoom(uint64_t bytes);
   // limits_ from the core when its generation moved (a share changed).
   void RefreshLimits();
-  Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out);
+  // The bulk data under `token`, of `expected` bytes. Data received in place (Bulk::direct_mem)
+  // is only for the plain write it was announced for: `direct_ok` says the caller is one.
+  Err TakeBulk(uint64_t token, uint64_t expected, std::shared_ptr<Bulk>& out,
+               bool direct_ok = false);
+  // Whether the data BulkBegin announces for a plain write may be received straight into the
+  // buffer: its storage is this process's (MemObj::own_storage) and nothing of the session is
+  // in flight or waiting to be handed over, so no command can see the bytes before the write's
+  // own turn (the client sends nothing between the data and the write's command).
+  std::shared_ptr<HostBuffer> DirectTarget(proto::wire::BulkBegin::Reader r);
+  // Commands of writes received in place not yet finished.
+  std::shared_ptr<std::atomic<uint64_t>> direct_markers_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   Err CreateImage(proto::wire::CreateImage::Reader r);
   // Host memory a read of `host_bytes` lands in: the client's shared memory passed with the
   // request (`shm`), else a fresh staging buffer (zero-filled with `zero`, for layouts with gaps
@@ -337,6 +360,8 @@ class Session {
   // The client's storage arenas for small buffers (docs/protocol.md, "Buffers on shared
   // memory"), by number: mapped once, for the session (each buffer on one holds it too).
   std::unordered_map<uint32_t, std::shared_ptr<HostBuffer>> arenas_;
+  // Buffers from this size without the client's storage get this process's (MemObj).
+  static constexpr uint64_t kOwnStorageMinBytes = 1u << 20;
   static constexpr size_t kMaxArenas = 64;
   static constexpr uint64_t kArenaMaxBytes = 64u << 20;
   static constexpr uint64_t kArenaAlign = 256;

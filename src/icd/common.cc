@@ -142,22 +142,29 @@ uint64_t Enqueuer::Begin(void* dst, size_t size, bool blocking, ShmBuffer shm, b
   return seq;
 }
 
-cl_int Enqueuer::PostWrite(ShmBuffer held, cl_bool blocking, bool in_place) {
+cl_int Enqueuer::PostWrite(ShmBuffer held, cl_bool blocking, bool in_place,
+                           Connection::StreamHold* hold) {
   // Natively the call waits for its wait list and for the commands before it, which a user event
   // not set yet may hold up: returning early, the worker would order every later command after
   // it, the one that sets the event included.
   if (blocking && (event_out_ != nullptr || in_place || nwait_ != 0 ||
                    q_->context->unset_user_events.load(std::memory_order_acquire) != 0)) {
     const uint64_t seq = c_->Begin(b_, nullptr, 0, {}, {}, false, held, Order());
+    if (hold != nullptr) hold->Release();
     MakeEvent();
     return WaitCompleted(seq);
   }
   if (blocking) e_.setToldComplete(true);
-  if (!held.valid()) return Post();
-  // Nobody waits for the reply.
-  c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, Order());
-  MakeEvent();
-  return CL_SUCCESS;
+  cl_int result = CL_SUCCESS;
+  if (!held.valid()) {
+    result = Post();
+  } else {
+    // Nobody waits for the reply.
+    c_->Begin(b_, nullptr, 0, [](cl_int) {}, {}, false, held, Order());
+    MakeEvent();
+  }
+  if (hold != nullptr) hold->Release();
+  return result;
 }
 
 uint64_t Enqueuer::BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking) {

@@ -246,7 +246,9 @@ class Enqueuer {
   // the application asked for an event (whose status must then be complete), `in_place`
   // (the buffer is on shared memory, which the client reads and writes itself), with a wait
   // list, or while a user event of the context is not set.
-  cl_int PostWrite(ShmBuffer held, cl_bool blocking, bool in_place);
+  // `hold` (the write's data announced for its buffer) is released once the command is sent.
+  cl_int PostWrite(ShmBuffer held, cl_bool blocking, bool in_place,
+                   Connection::StreamHold* hold = nullptr);
   // A plain read of `size` bytes into dst, through shared memory when that pays.
   uint64_t BeginRead(wire::ReadBuffer::Builder r, void* dst, size_t size, bool blocking);
   // Waits for the reply to `seq`, sent by Begin for a command answered once it completed (a

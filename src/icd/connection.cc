@@ -298,6 +298,9 @@ Connection* Connection::Connect() {
     conn->shm_enabled_ = false;
     conn->remote_copy_ = false;
   }
+  if (const char* e = std::getenv("GMUX_DIRECT_WRITES"); e != nullptr && std::strcmp(e, "0") == 0) {
+    conn->direct_writes_ = false;
+  }
   if (const char* e = std::getenv("GMUX_BUFFER_STORAGE");
       e != nullptr && std::strcmp(e, "0") == 0) {
     conn->storage_enabled_ = false;
@@ -336,9 +339,27 @@ constexpr size_t kBatchBytes = 64u << 10;       // the batch is sent when it rea
 
 }  // namespace
 
+Connection::StreamHold::StreamHold(Connection* c) : c_(c) {
+  c_->hold_mu_.lock();
+  c_->hold_owner_.store(std::this_thread::get_id(), std::memory_order_release);
+}
+
+void Connection::StreamHold::Release() {
+  if (c_ == nullptr) return;
+  c_->hold_owner_.store(std::thread::id(), std::memory_order_release);
+  c_->hold_mu_.unlock();
+  c_ = nullptr;
+}
+
+std::unique_lock<std::mutex> Connection::WaitForHold() {
+  if (hold_owner_.load(std::memory_order_acquire) == std::this_thread::get_id()) return {};
+  return std::unique_lock<std::mutex>(hold_mu_);
+}
+
 cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_batch, int pass_fd,
                               StreamOrder order) {
   if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
+  auto hold = WaitForHold();
   std::lock_guard<std::mutex> lock(send_mu_);
   {
     std::lock_guard<std::mutex> l2(mu_);
@@ -388,6 +409,7 @@ cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_bat
 
 cl_int Connection::Flush() {
   if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
+  auto hold = WaitForHold();
   std::lock_guard<std::mutex> lock(send_mu_);
   if (batch_.empty()) return CL_SUCCESS;
   bool ok = SendAll(fd_, batch_.data(), batch_.size());
@@ -725,7 +747,8 @@ void Connection::ReleaseShm(ShmBuffer buffer, bool in_flight) {
   shm_pool_.push_back(buffer);
 }
 
-uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
+uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held, uint64_t dest_mem,
+                              uint64_t dest_offset) {
   if (Forked()) return 0;
   uint64_t token = NextId();
   *held = {};
@@ -749,6 +772,8 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
     auto bb = r.initBulkBegin();
     bb.setToken(token);
     bb.setSize(size);
+    bb.setDestMem(dest_mem);
+    bb.setDestOffset(dest_offset);
     if (Post(b) != CL_SUCCESS) return 0;
   }
   const auto* p = static_cast<const uint8_t*>(data);
@@ -778,6 +803,7 @@ uint64_t Connection::SendBulk(const void* data, size_t size, ShmBuffer* held) {
 
 cl_int Connection::PostData(uint64_t token, uint64_t offset, const uint8_t* data, size_t n) {
   if (Forked()) return CL_DEVICE_NOT_AVAILABLE;
+  auto hold = WaitForHold();
   std::lock_guard<std::mutex> lock(send_mu_);
   if (dead_.load()) return CL_DEVICE_NOT_AVAILABLE;
   // Anything batched goes first, so frames keep their order.

@@ -100,7 +100,32 @@ class Connection {
   // Large transfers go through a pooled memfd passed over the socket; `*held` then receives the
   // buffer, which the daemon may read until the request consuming the token is answered: the
   // caller gives it back with ReleaseShm() then.
-  uint64_t SendBulk(const void* data, size_t size, ShmBuffer* held);
+  // `dest_mem`/`dest_offset` (inline data only) name the plain buffer write the data is for:
+  // the worker may receive it in place. The caller then holds the stream (StreamHold) until
+  // that write's command is sent.
+  uint64_t SendBulk(const void* data, size_t size, ShmBuffer* held, uint64_t dest_mem = 0,
+                    uint64_t dest_offset = 0);
+  // Whether a buffer write of `size` bytes should announce its buffer (SendBulk's dest_mem): its
+  // data goes inline (TCP, GMUX_SHM=0) and is large enough for the copy to matter.
+  // GMUX_DIRECT_WRITES=0 says never.
+  bool DirectWrite(size_t size) const {
+    return direct_writes_ && !UseShm(size) && size >= kDirectWriteMinBytes;
+  }
+  static constexpr size_t kDirectWriteMinBytes = 1u << 20;
+  // Holds the stream for the calling thread while it lives: other threads' requests wait, so
+  // what this thread sends meanwhile (a write's announced data, then its command) reaches the
+  // worker with nothing between.
+  class StreamHold {
+   public:
+    explicit StreamHold(Connection* c);
+    ~StreamHold() { Release(); }
+    StreamHold(const StreamHold&) = delete;
+    StreamHold& operator=(const StreamHold&) = delete;
+    void Release();
+
+   private:
+    Connection* c_;
+  };
   // Sends the first `size` bytes already in `buffer` as bulk data, without copying; the caller
   // keeps the buffer until the consuming request is answered, as with SendBulk.
   uint64_t SendShm(const ShmBuffer& buffer, size_t size);
@@ -305,6 +330,11 @@ class Connection {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> next_seq_{2};  // 1 is the handshake's
   std::mutex send_mu_;                 // serializes frames on fd_; guards batch_
+  // A StreamHold's: taken before send_mu_ by every sender but the holder.
+  std::mutex hold_mu_;
+  std::atomic<std::thread::id> hold_owner_{};
+  std::unique_lock<std::mutex> WaitForHold();
+  bool direct_writes_ = true;
   std::vector<uint8_t> batch_;         // encoded frames not yet sent
   // guards pending_, dead_, async_error_, callbacks_, and who reads the socket
   std::mutex mu_;

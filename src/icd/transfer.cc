@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace gmux::icd {
@@ -159,15 +160,20 @@ cl_int CL_API_CALL EnqueueWriteBuffer(cl_command_queue q, cl_mem m, cl_bool bloc
   Enqueuer enq(q, nwait, waits, event, CL_COMMAND_WRITE_BUFFER);
   if (enq.err() != CL_SUCCESS) return enq.err();
   // The data is copied out now, so a blocking write returns as soon as it is sent (PostWrite).
+  // Large inline data is announced for its buffer, which the worker may receive it into; no
+  // other thread's request may come between it and the command then. Not with a wait list:
+  // the write may then run much later, and commands not ordered after it must not see it.
   ShmBuffer held;
-  uint64_t token = enq.conn().SendBulk(ptr, size, &held);
+  std::optional<Connection::StreamHold> hold;
+  if (nwait == 0 && enq.conn().DirectWrite(size)) hold.emplace(&enq.conn());
+  uint64_t token = enq.conn().SendBulk(ptr, size, &held, hold ? m->id : 0, offset);
   if (token == 0) return CL_OUT_OF_RESOURCES;
   auto w = enq.cmd().initWriteBuffer();
   w.setMem(m->id);
   w.setOffset(offset);
   w.setSize(size);
   w.setBulk(token);
-  return enq.PostWrite(held, blocking, OnSharedMemory(m));
+  return enq.PostWrite(held, blocking, OnSharedMemory(m), hold ? &*hold : nullptr);
 }
 
 cl_int CL_API_CALL EnqueueReadBuffer(cl_command_queue q, cl_mem m, cl_bool blocking, size_t offset,

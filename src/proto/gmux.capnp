@@ -287,6 +287,11 @@ struct BulkBegin {
   token @0 :UInt64;
   size @1 :UInt64;
   shm @2 :Bool;      # local clients: the data is in a sealed memfd passed with this frame
+  # The write this data is for, when it is a plain buffer write (inline data only): the worker
+  # may receive the data straight into the buffer (docs/protocol.md, "Writes received in
+  # place"). The client sends nothing else between this frame and that write's command.
+  destMem @3 :UInt64;
+  destOffset @4 :UInt64;
 }
 
 struct BulkData {

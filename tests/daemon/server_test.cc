@@ -423,6 +423,114 @@ TEST_F(ServerTest, DataFramesCarryTransfersAndMisplacedOnesAreErrors) {
   EXPECT_EQ(ok->root<wire::Reply>().getStatus(), 0);
 }
 
+// Inline data announced for a plain write (BulkBegin.destMem) may be received straight into
+// that buffer (docs/protocol.md, "Writes received in place"): it serves that write only, and an
+// announcement naming what is not a buffer of the session's, or a range outside it, is staged
+// as any other data.
+TEST_F(ServerTest, DataAnnouncedForAWriteServesOnlyThatWrite) {
+  RawClient c(socket());
+  ASSERT_EQ(c.Hello(), 0);
+  ASSERT_EQ(c.CreateContext(1), 0);
+  ASSERT_EQ(c.CreateQueue(2, 1), 0);
+  constexpr uint64_t kBytes = 2u << 20;
+  ASSERT_EQ(c.CreateBuffer(3, 1, kBytes), 0);
+  ASSERT_EQ(c.CreateBuffer(4, 1, kBytes), 0);
+  uint64_t next_event = 100;
+  auto send_data = [&](uint64_t token, uint64_t size, uint64_t dest, uint64_t dest_offset,
+                       uint8_t seed) {
+    capnp::MallocMessageBuilder bb;
+    auto begin = bb.initRoot<wire::Request>().initBulkBegin();
+    begin.setToken(token);
+    begin.setSize(size);
+    begin.setDestMem(dest);
+    begin.setDestOffset(dest_offset);
+    ASSERT_EQ(c.Call(bb), 0);
+    capnp::MallocMessageBuilder bd;
+    auto d = bd.initRoot<wire::Request>().initBulkData();
+    d.setToken(token);
+    auto bytes = d.initData(size);
+    for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 13 + seed);
+    ASSERT_EQ(c.Call(bd), 0);
+  };
+  auto write = [&](uint64_t token, uint64_t mem, uint64_t offset, uint64_t size,
+                   std::string* message = nullptr) {
+    capnp::MallocMessageBuilder wr;
+    auto e = wr.initRoot<wire::Request>().initEnqueue();
+    e.setQueue(2);
+    e.setEvent(next_event++);
+    auto wb = e.initWriteBuffer();
+    wb.setMem(mem);
+    wb.setOffset(offset);
+    wb.setSize(size);
+    wb.setBulk(token);
+    return c.Call(wr, message);
+  };
+  // Bytes [offset, offset + n) of `mem`, read back in one reply.
+  auto read = [&](uint64_t mem, uint64_t offset, uint64_t n) {
+    capnp::MallocMessageBuilder rd;
+    auto r = rd.initRoot<wire::Request>();
+    r.setSeq(1000 + next_event);
+    auto e = r.initEnqueue();
+    e.setQueue(2);
+    e.setEvent(next_event++);
+    auto rb = e.initReadBuffer();
+    rb.setMem(mem);
+    rb.setOffset(offset);
+    rb.setSize(n);
+    EXPECT_TRUE(c.Send(rd).ok());
+    auto m = c.Read();
+    EXPECT_TRUE(m.ok());
+    std::vector<uint8_t> got;
+    if (!m.ok()) return got;
+    auto rep = m->root<wire::Reply>();
+    EXPECT_EQ(rep.getStatus(), 0) << rep.getMessage().cStr();
+    if (rep.isReadData()) {
+      auto data = rep.getReadData().getData();
+      got.assign(data.begin(), data.end());
+    }
+    return got;
+  };
+  auto expected = [](uint64_t n, uint8_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 13 + seed);
+    return v;
+  };
+  constexpr uint64_t kPart = 1u << 20;
+  std::string message;
+  // Announced for buffer 3 at 0, used for buffer 4, or for buffer 3 at another offset: refused.
+  send_data(10, kPart, 3, 0, 1);
+  EXPECT_EQ(write(10, 4, 0, kPart, &message), CL_INVALID_VALUE);
+  EXPECT_NE(message.find("another write"), std::string::npos) << message;
+  send_data(11, kPart, 3, 0, 2);
+  EXPECT_EQ(write(11, 3, 4096, kPart), CL_INVALID_VALUE);
+  // Or as a buffer's initial data.
+  send_data(12, kPart, 3, 0, 3);
+  {
+    capnp::MallocMessageBuilder b;
+    auto cb = b.initRoot<wire::Request>().initCreateBuffer();
+    cb.setId(5);
+    cb.setContext(1);
+    cb.setSize(kPart);
+    cb.setInitialData(12);
+    EXPECT_EQ(c.Call(b, &message), CL_INVALID_VALUE);
+    EXPECT_NE(message.find("used otherwise"), std::string::npos) << message;
+  }
+  // The write it was announced for lands, where it was announced.
+  send_data(13, kPart, 3, kPart, 4);
+  ASSERT_EQ(write(13, 3, kPart, kPart), 0);
+  EXPECT_EQ(read(3, kPart, 4096), std::vector<uint8_t>(expected(4096, 4)));
+  // Announcements naming an unknown buffer, a range past the end, or another session's idea of
+  // a buffer are staged: the write still lands.
+  send_data(14, kPart, 999, 0, 5);
+  ASSERT_EQ(write(14, 4, 0, kPart), 0);
+  EXPECT_EQ(read(4, 0, 4096), expected(4096, 5));
+  send_data(15, kPart, 4, kBytes - 10, 6);
+  ASSERT_EQ(write(15, 4, kPart, kPart), 0);
+  EXPECT_EQ(read(4, kPart, 4096), expected(4096, 6));
+  // The session still works.
+  EXPECT_EQ(c.CreateContext(6), 0);
+}
+
 TEST_F(ServerTest, ClientsDyingMidTransferLeakNothing) {
   RawClient probe(socket());
   ASSERT_EQ(probe.Hello(), 0);

@@ -1119,5 +1119,169 @@ TEST(TransfersTest, BlockingWritesAreDoneForCommandsOfEveryQueue) {
   clReleaseCommandQueue(q3);
 }
 
+// Large writes whose data goes inline (transfers_inline*, transfers_tcp) are received straight
+// into the buffer when nothing of the session is in flight (docs/protocol.md, "Writes received
+// in place"); behind a kernel they are staged, so the kernel never sees them early. Both, runs
+// of writes, sub-buffers, and another thread's requests meanwhile keep every byte in order.
+TEST(TransfersTest, WritesReceivedInPlaceKeepQueueOrder) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  cl_int err;
+  std::string log;
+  cl_program p = BuildProgram(d, R"(
+    __kernel void fill_slow(__global uint* x, uint n, uint seed) {
+      uint acc = seed + get_global_id(0);
+      for (uint i = 0; i < n; ++i) acc = acc * 1664525u + 1013904223u;
+      x[get_global_id(0)] = seed + get_global_id(0) + ((acc & 1u) & (n >> 31));
+    }
+    __kernel void add(__global uint* x, uint k) { x[get_global_id(0)] += k; })", &log);
+  ASSERT_NE(p, nullptr) << log;
+  cl_kernel fill = clCreateKernel(p, "fill_slow", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_kernel add = clCreateKernel(p, "add", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  constexpr size_t kPart = size_t{5} << 20, kBytes = 3 * kPart, kN = kBytes / 4, kP = kPart / 4;
+  cl_mem x = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kBytes, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  auto fill_on = [&](cl_command_queue q, uint32_t seed, cl_event* ev) {
+    const uint32_t iters = 100;
+    clSetKernelArg(fill, 0, sizeof(cl_mem), &x);
+    clSetKernelArg(fill, 1, sizeof(iters), &iters);
+    clSetKernelArg(fill, 2, sizeof(seed), &seed);
+    size_t global = kN;
+    return clEnqueueNDRangeKernel(q, fill, 1, nullptr, &global, nullptr, 0, nullptr, ev);
+  };
+  std::vector<uint32_t> back(kN);
+  auto read_all = [&] {
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, x, CL_TRUE, 0, kBytes, back.data(), 0, nullptr,
+                                  nullptr), CL_SUCCESS);
+  };
+  // back[i] for i in [from, to) is src[i - at] (+ k), or the fill of `seed` when src is null.
+  auto wrong_in = [&](size_t from, size_t to, const std::vector<uint32_t>* src, size_t at,
+                      uint32_t seed_or_k) {
+    size_t wrong = 0;
+    for (size_t i = from; i < to; ++i) {
+      wrong += back[i] != (src ? (*src)[i - at] + seed_or_k : seed_or_k + static_cast<uint32_t>(i));
+    }
+    return wrong;
+  };
+  cl_command_queue q2 = clCreateCommandQueue(d.context, d.device, 0, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_mem y = clCreateBuffer(d.context, CL_MEM_READ_WRITE, 4096, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  for (uint32_t round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    // A write behind a kernel on its queue that fills the whole buffer: the write comes after.
+    auto mid = Pattern(kP, 10 + round);
+    ASSERT_EQ(fill_on(d.queue, 1000 * round, nullptr), CL_SUCCESS);
+    // On the device when the data comes (data of several chunks hands over what came before).
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_TRUE, kPart, kPart, mid.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    read_all();
+    EXPECT_EQ(wrong_in(0, kP, nullptr, 0, 1000 * round), 0u) << "before the write";
+    EXPECT_EQ(wrong_in(kP, 2 * kP, &mid, kP, 0), 0u) << "the write, behind the kernel";
+    EXPECT_EQ(wrong_in(2 * kP, kN, nullptr, 0, 1000 * round), 0u) << "after the write";
+    // Behind a kernel on another queue, through the wait list.
+    cl_event filled = nullptr;
+    ASSERT_EQ(fill_on(q2, 2000 * round + 7, &filled), CL_SUCCESS);
+    ASSERT_EQ(clFlush(q2), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_FALSE, 0, kPart, mid.data(), 1, &filled,
+                                   nullptr), CL_SUCCESS);
+    clReleaseEvent(filled);
+    read_all();
+    EXPECT_EQ(wrong_in(0, kP, &mid, 0, 0), 0u) << "the write, behind the other queue's kernel";
+    EXPECT_EQ(wrong_in(kP, kN, nullptr, 0, 2000 * round + 7), 0u);
+    // Held by a user event: a read on another queue, not ordered after the write, sees the
+    // old contents until the event is set.
+    cl_event gate = clCreateUserEvent(d.context, &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    auto later = Pattern(kP, 40 + round);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_FALSE, 0, kPart, later.data(), 1, &gate,
+                                   nullptr), CL_SUCCESS);
+    ASSERT_EQ(clFlush(d.queue), CL_SUCCESS);
+    std::vector<uint32_t> early(kP);
+    ASSERT_EQ(clEnqueueReadBuffer(q2, x, CL_TRUE, 0, kPart, early.data(), 0, nullptr, nullptr),
+              CL_SUCCESS);
+    EXPECT_EQ(early, mid) << "a write held by a user event was seen before it ran";
+    ASSERT_EQ(clSetUserEventStatus(gate, CL_COMPLETE), CL_SUCCESS);
+    clReleaseEvent(gate);
+    read_all();
+    EXPECT_EQ(wrong_in(0, kP, &later, 0, 0), 0u) << "the write, once its event was set";
+    // A run of blocking writes (each received in place once the one before is done), then
+    // non-blocking ones and a kernel on the same queue.
+    auto a = Pattern(2 * kP, 20 + round), b = Pattern(2 * kP, 30 + round);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_TRUE, 0, 2 * kPart, a.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_TRUE, kPart, 2 * kPart, b.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    read_all();
+    EXPECT_EQ(wrong_in(0, kP, &a, 0, 0), 0u);
+    EXPECT_EQ(wrong_in(kP, kN, &b, kP, 0), 0u) << "the second write wins where they overlap";
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_FALSE, kPart, 2 * kPart, a.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_FALSE, 0, 2 * kPart, b.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    const uint32_t k = 5 + round;
+    clSetKernelArg(add, 0, sizeof(cl_mem), &x);
+    clSetKernelArg(add, 1, sizeof(k), &k);
+    size_t global = kN;
+    ASSERT_EQ(clEnqueueNDRangeKernel(d.queue, add, 1, nullptr, &global, nullptr, 0, nullptr,
+                                     nullptr), CL_SUCCESS);
+    read_all();
+    EXPECT_EQ(wrong_in(0, 2 * kP, &b, 0, k), 0u);
+    EXPECT_EQ(wrong_in(2 * kP, kN, &a, kP, k), 0u);
+    // Into a sub-buffer (staged: it is not the buffer the storage belongs to).
+    cl_buffer_region region{kPart, 2 * kPart};
+    cl_mem sub = clCreateSubBuffer(x, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &region,
+                                   &err);
+    ASSERT_EQ(err, CL_SUCCESS);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, sub, CL_TRUE, 0, 2 * kPart, a.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    clReleaseMemObject(sub);
+    read_all();
+    EXPECT_EQ(wrong_in(0, kP, &b, 0, k), 0u);
+    EXPECT_EQ(wrong_in(kP, kN, &a, kP, 0), 0u) << "through the sub-buffer";
+  }
+  // Another thread's kernels and reads on another queue and buffer while large writes stream.
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> other_wrong{0}, other_rounds{0};
+  std::thread other([&] {
+    cl_kernel add2 = clCreateKernel(p, "add", nullptr);
+    std::vector<uint32_t> zeros(1024, 0), got(1024);
+    clEnqueueWriteBuffer(q2, y, CL_TRUE, 0, 4096, zeros.data(), 0, nullptr, nullptr);
+    uint32_t total = 0;
+    while (!stop.load()) {
+      const uint32_t one = 1;
+      clSetKernelArg(add2, 0, sizeof(cl_mem), &y);
+      clSetKernelArg(add2, 1, sizeof(one), &one);
+      size_t g = 1024;
+      clEnqueueNDRangeKernel(q2, add2, 1, nullptr, &g, nullptr, 0, nullptr, nullptr);
+      ++total;
+      clEnqueueReadBuffer(q2, y, CL_TRUE, 0, 4096, got.data(), 0, nullptr, nullptr);
+      other_wrong += static_cast<size_t>(
+          std::count_if(got.begin(), got.end(), [&](uint32_t v) { return v != total; }));
+      ++other_rounds;
+    }
+    clReleaseKernel(add2);
+  });
+  for (uint32_t round = 0; round < 8; ++round) {
+    auto src = Pattern(kN, 50 + round);
+    ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_TRUE, 0, kBytes, src.data(), 0, nullptr,
+                                   nullptr), CL_SUCCESS);
+    read_all();
+    EXPECT_EQ(wrong_in(0, kN, &src, 0, 0), 0u) << "round " << round << " with another thread";
+  }
+  stop = true;
+  other.join();
+  EXPECT_EQ(other_wrong.load(), 0u);
+  EXPECT_GT(other_rounds.load(), 0u);
+  clReleaseMemObject(y);
+  clReleaseMemObject(x);
+  clReleaseKernel(fill);
+  clReleaseKernel(add);
+  clReleaseProgram(p);
+  clReleaseCommandQueue(q2);
+}
+
 }  // namespace
 }  // namespace gmux::testing
