@@ -184,6 +184,13 @@ void SessionCore::Defer(std::function<void()> write) {
   Queue(Out{{}, std::move(write)});
 }
 
+bool SessionCore::DeferIfIdle(std::function<void()>& write) {
+  std::lock_guard<std::mutex> lock(out_mu_);
+  if (closed.load() || stop_ || writing_ || !out_.empty()) return false;
+  Queue(Out{{}, std::move(write)});
+  return true;
+}
+
 void SessionCore::SendFromWriter(capnp::MessageBuilder& message) {
   if (closed.load()) return;
   proto::WriteFrame(fd, proto::FrameKind::kReply, message, limits).IgnoreError();
@@ -2352,6 +2359,15 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       }
       std::shared_ptr<HostBuffer> staging;
       const bool shm = rb.getShm();
+      if (!rect && !shm && core_->data_frames && m->own_storage &&
+          host_bytes >= kOwnStorageMinBytes && core_->storage_reads.load() == 0) {
+        // Sent from the buffer itself, no staging copy (StorageRead).
+        StorageRead(*cmd, HostBuffer::View(m->own_storage, rb.getOffset(), host_bytes), seq);
+        cmd->block.kind = core::BlockKind::kCopy;
+        cmd->block.bytes = host_bytes;
+        replied = true;
+        break;
+      }
       if (Err e = StageRead(host_bytes, shm, /*zero=*/rect, staging); !e.ok()) return fail(e);
       uint64_t off = rb.getOffset();
       if (!rect && !shm && host_bytes >= kStreamedReadBytes) {
@@ -2679,6 +2695,149 @@ void Session::StreamedRead(Command& cmd, Ref<cl_mem> mem, uint64_t offset,
       c->bulk_bytes.fetch_sub(staged);
       c->sending_bytes.fetch_sub(staged);
     });
+  };
+}
+
+namespace {
+// A read sent straight from its buffer's own storage (Session::StorageRead): once the marker
+// after its wait list completes, the writer sends the bytes from the buffer, then sets `sent`,
+// a user event the command's own marker waits for. Setting it is owed once: if the send is
+// dropped (the session closed), the destructor sets it failed, so the queue never stalls.
+struct StorageReadFlow {
+  std::weak_ptr<SessionCore> core;
+  std::shared_ptr<HostBuffer> view;
+  uint64_t seq = 0;
+  cl_event sent = nullptr;  // owned
+  std::shared_ptr<void> turn;  // SessionCore::storage_reads, held by the command and the flow
+  cl_int failure = CL_INVALID_OPERATION;
+
+  void Settle(cl_int status) {
+    if (sent == nullptr) return;
+    const cl_icd_dispatch& d = Dispatch(sent);
+    d.clSetUserEventStatus(sent, status);
+    d.clReleaseEvent(sent);
+    sent = nullptr;
+  }
+  ~StorageReadFlow() { Settle(failure); }
+
+  // On the writer thread: sends the bytes from the buffer as data frames. The read holds its
+  // device until they are out, so a client that stops reading must not hold it: what the
+  // socket has not taken by the deadline (a little slower than loopback TCP) is copied out
+  // and the read completes, the rest going out from the copy.
+  void Send(SessionCore* c) {
+    const size_t n = view->size();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(5) +
+                          std::chrono::microseconds(n / (2u << 10));  // 2 GB/s
+    std::unique_ptr<uint8_t[]> copy;  // [at, n) of the view, once taken
+    size_t copied_from = 0;
+    std::vector<uint8_t> rest;
+    for (size_t at = 0; at < n && !c->closed.load();) {
+      const size_t len = std::min(proto::kBulkChunkBytes, n - at);
+      const proto::DataFrame f{seq, at, static_cast<uint32_t>(len), at + len == n};
+      if (copy) {
+        proto::WriteDataFrame(c->fd, f, copy.get() + (at - copied_from), c->limits).IgnoreError();
+      } else {
+        if (!proto::WriteDataFrameUntil(c->fd, f, view->data() + at,
+                                        std::chrono::steady_clock::now() < deadline
+                                            ? deadline
+                                            : std::chrono::steady_clock::time_point{},
+                                        &rest, c->limits)
+                 .ok()) {
+          break;
+        }
+        if (!rest.empty()) {
+          // Past the deadline: this frame's rest is in `rest`; the frames after it from a copy.
+          if (at + len < n) {
+            copy.reset(new (std::nothrow) uint8_t[n - (at + len)]);
+            if (copy) {
+              copied_from = at + len;
+              std::memcpy(copy.get(), view->data() + copied_from, n - copied_from);
+            }
+          }
+          if (copy || at + len == n) Settle(CL_COMPLETE);  // nothing reads the buffer now
+          proto::WriteAll(c->fd, rest).IgnoreError();
+          if (!copy && at + len < n) {
+            // No memory for a copy: the rest goes out from the buffer, waiting on the client.
+            SendReadData(c, seq, *view, at + len, n);
+            break;
+          }
+        }
+      }
+      at += len;
+    }
+    Settle(CL_COMPLETE);
+  }
+};
+
+void CL_CALLBACK StorageReadReady(cl_event, cl_int status, void* user) {
+  std::shared_ptr<StorageReadFlow> flow = std::move(*static_cast<std::shared_ptr<StorageReadFlow>*>(user));
+  delete static_cast<std::shared_ptr<StorageReadFlow>*>(user);
+  std::shared_ptr<SessionCore> core = flow->core.lock();
+  if (status < 0 || !core) {
+    flow->Settle(status < 0 ? status : CL_INVALID_OPERATION);
+    return;
+  }
+  std::function<void()> send = [flow, c = core.get()] { flow->Send(c); };
+  if (core->DeferIfIdle(send)) return;
+  // The writer is busy, perhaps on a client that does not read: the bytes are copied out now
+  // and the read completes, as a staged read would (one such copy at a time: storage_reads).
+  std::shared_ptr<HostBuffer> copy;
+  try {
+    copy = std::make_shared<HostBuffer>(flow->view->size());
+  } catch (const std::bad_alloc&) {
+    core->Defer(std::move(send));  // waits its turn, holding its device meanwhile
+    return;
+  }
+  std::memcpy(copy->data(), flow->view->data(), copy->size());
+  flow->Settle(CL_COMPLETE);
+  flow->view = std::move(copy);
+  core->Defer(std::move(send));
+}
+}  // namespace
+
+void Session::StorageRead(Command& cmd, std::shared_ptr<HostBuffer> view, uint64_t seq) {
+  std::weak_ptr<SessionCore> weak = core_;
+  core_->storage_reads.fetch_add(1);
+  std::shared_ptr<void> turn(nullptr, [weak](void*) {
+    if (auto c = weak.lock()) c->storage_reads.fetch_sub(1);
+  });
+  cmd.run = [weak, view, seq, turn](cl_command_queue cq, const std::vector<cl_event>& w,
+                                    cl_event* out) {
+    const cl_icd_dispatch& d = Dispatch(cq);
+    cl_context ctx = nullptr;
+    cl_int err = d.clGetCommandQueueInfo(cq, CL_QUEUE_CONTEXT, sizeof(ctx), &ctx, nullptr);
+    if (err != CL_SUCCESS) return err;
+    auto flow = std::make_shared<StorageReadFlow>();
+    flow->core = weak;
+    flow->view = view;
+    flow->seq = seq;
+    flow->turn = turn;
+    flow->sent = d.clCreateUserEvent(ctx, &err);
+    if (flow->sent == nullptr) return err;
+    cl_event ready = nullptr;
+    err = d.clEnqueueMarkerWithWaitList(cq, static_cast<cl_uint>(w.size()),
+                                        w.empty() ? nullptr : w.data(), &ready);
+    if (err != CL_SUCCESS) return err;  // (the flow sets `sent` failed as it goes)
+    err = d.clEnqueueMarkerWithWaitList(cq, 1, &flow->sent, out);
+    if (err == CL_SUCCESS) {
+      auto* user = new std::shared_ptr<StorageReadFlow>(flow);
+      if (d.clSetEventCallback(ready, CL_COMPLETE, StorageReadReady, user) != CL_SUCCESS) {
+        delete user;
+        err = CL_OUT_OF_RESOURCES;
+        d.clReleaseEvent(*out);
+        *out = nullptr;
+      }
+    }
+    if (err != CL_SUCCESS) {
+      // Nothing will send: `ready` must not be left waiting on what the flow will fail.
+      d.clWaitForEvents(1, &ready);
+    }
+    d.clReleaseEvent(ready);
+    return err;
+  };
+  // The data (with its last chunk) was the answer; only a failure is left to say.
+  cmd.finished = [core = core_, seq](cl_int status) {
+    if (status != CL_COMPLETE) core->SendStatus(seq, status, "read failed");
   };
 }
 

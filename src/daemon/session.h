@@ -124,6 +124,11 @@ struct SessionCore {
   // Runs `write` on the writer thread after every reply sent before it; `write` sends with
   // SendFromWriter(). For large data that is sent from where it lies rather than copied.
   void Defer(std::function<void()> write);
+  // Defer(), but only when the writer has nothing to send or sending (false otherwise, and
+  // `write` is dropped): what it sends next does not wait behind a client slow to read.
+  bool DeferIfIdle(std::function<void()>& write);
+  // Reads being sent from their buffer's storage (Session::StorageRead): one at a time.
+  std::atomic<uint32_t> storage_reads{0};
   // Sends one frame, waiting as long as the client takes: only inside a Defer()red function.
   void SendFromWriter(capnp::MessageBuilder& message);
   // Sends `n` bytes of the read `seq` answers as a data frame (proto/frame.h), from where they
@@ -291,6 +296,11 @@ class Session {
   static std::function<void(cl_int)> ReadFinished(std::shared_ptr<SessionCore> core,
                                                   std::shared_ptr<HostBuffer> staging,
                                                   uint64_t seq, bool shm);
+  // A read of a buffer with this process's storage (MemObj::own_storage), answered from it:
+  // the bytes go out from the buffer once the read's wait list is done, and the command
+  // completes only once they are sent, so nothing after it changes them meanwhile (run and
+  // finished of `cmd`).
+  void StorageRead(Command& cmd, std::shared_ptr<HostBuffer> view, uint64_t seq);
   // A large buffer read answered through the stream: the device reads it in pieces and each
   // piece is sent once it is in, while the next is read (run and finished of `cmd`).
   void StreamedRead(Command& cmd, Ref<cl_mem> mem, uint64_t offset,

@@ -7,6 +7,7 @@
 
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -407,6 +408,48 @@ Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data, const Fra
   if (padded != f.bytes) iov.push_back({const_cast<uint8_t*>(kZeros), padded - f.bytes});
   size_t first = 0;
   return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
+}
+
+Status WriteDataFrameUntil(int fd, const DataFrame& f, const uint8_t* data,
+                           std::chrono::steady_clock::time_point deadline,
+                           std::vector<uint8_t>* rest, const FrameLimits& limits) {
+  rest->clear();
+  const size_t padded = (static_cast<size_t>(f.bytes) + 7) / 8 * 8;
+  const size_t payload = kDataPrefixBytes + padded;
+  if (payload > limits.max_payload_bytes) {
+    return ResourceExhausted("data frame of " + std::to_string(payload) +
+                             " bytes exceeds the frame limit");
+  }
+  uint8_t head[kHeaderBytes + kDataPrefixBytes] = {};
+  EncodeHeader({kProtocolVersion, FrameKind::kData, static_cast<uint32_t>(payload)}, head);
+  uint8_t* prefix = head + kHeaderBytes;
+  StoreU32(prefix, static_cast<uint32_t>(f.id));
+  StoreU32(prefix + 4, static_cast<uint32_t>(f.id >> 32));
+  StoreU32(prefix + 8, static_cast<uint32_t>(f.offset));
+  StoreU32(prefix + 12, static_cast<uint32_t>(f.offset >> 32));
+  StoreU32(prefix + 16, f.bytes);
+  StoreU32(prefix + 20, f.last ? 1u : 0u);
+  static constexpr uint8_t kZeros[8] = {};
+  std::vector<iovec> iov = {{head, sizeof(head)}};
+  if (f.bytes != 0) iov.push_back({const_cast<uint8_t*>(data), f.bytes});
+  if (padded != f.bytes) iov.push_back({const_cast<uint8_t*>(kZeros), padded - f.bytes});
+  size_t first = 0;
+  for (;;) {
+    GMUX_RETURN_IF_ERROR(SendIov(fd, iov, first, -1, /*dont_wait=*/true));
+    if (first == iov.size()) return Status::Ok();
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    pollfd p{fd, POLLOUT, 0};
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000))) < 0 && errno != EINTR) {
+      return Unavailable("poll: " + ErrnoText(errno));
+    }
+  }
+  for (size_t i = first; i < iov.size(); ++i) {
+    const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
+    rest->insert(rest->end(), b, b + iov[i].iov_len);
+  }
+  return Status::Ok();
 }
 
 Result<Message> ReadFrame(int fd, FrameKind kind, const FrameLimits& limits,

@@ -20,6 +20,8 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <chrono>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -140,6 +142,13 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes);
 // bytes). kResourceExhausted when it would exceed `limits`.
 Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data,
                       const FrameLimits& limits = {});
+
+// WriteDataFrame that waits for room in the socket only until `deadline`. What the socket has
+// not taken by then (the rest of the header and of `data`, and the padding) is copied into
+// `*rest`, for the caller to send after it with WriteAll: `data` is then no longer read.
+Status WriteDataFrameUntil(int fd, const DataFrame& f, const uint8_t* data,
+                           std::chrono::steady_clock::time_point deadline,
+                           std::vector<uint8_t>* rest, const FrameLimits& limits = {});
 
 // Reads one frame. kUnavailable when the peer closed cleanly between frames, kDataLoss when it
 // closed mid-frame, and DecodeHeader/DecodePayload's errors otherwise. `header_out`, when given,

@@ -531,6 +531,102 @@ TEST_F(ServerTest, DataAnnouncedForAWriteServesOnlyThatWrite) {
   EXPECT_EQ(c.CreateContext(6), 0);
 }
 
+// A read of a buffer with the worker's own storage is sent from the buffer, and completes only
+// once sent; a client that does not read its replies must not hold the device, so past a
+// deadline the rest is copied out and the read completes. A write queued behind the read then
+// changes the buffer, and the read still returns the bytes from before it.
+TEST_F(ServerTest, AReadSentFromItsBufferKeepsItsBytesWhenTheClientIsSlow) {
+  RawClient c(socket());
+  {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Request>();
+    r.setSeq(1);
+    auto h = r.initHello();
+    h.setProtocolVersion(proto::kProtocolVersion);
+    h.setDataFrames(true);
+    ASSERT_EQ(c.Call(b), 0);
+  }
+  ASSERT_EQ(c.CreateContext(1), 0);
+  ASSERT_EQ(c.CreateQueue(2, 1), 0);
+  constexpr uint64_t kBytes = 16u << 20, kChunk = 4u << 20;
+  ASSERT_EQ(c.CreateBuffer(3, 1, kBytes), 0);
+  auto pattern = [](uint8_t seed) {
+    std::vector<uint8_t> v(kBytes);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>((i >> 3) * 29 + seed);
+    return v;
+  };
+  const auto a = pattern(1), b = pattern(2);
+  uint64_t event = 50;
+  // A write of `data`, announced for the buffer, not answered (seq 0).
+  auto write = [&](uint64_t token, const std::vector<uint8_t>& data) {
+    capnp::MallocMessageBuilder bb;
+    auto begin = bb.initRoot<wire::Request>().initBulkBegin();
+    begin.setToken(token);
+    begin.setSize(kBytes);
+    begin.setDestMem(3);
+    ASSERT_TRUE(c.Send(bb).ok());
+    for (uint64_t at = 0; at < kBytes; at += kChunk) {
+      ASSERT_TRUE(proto::WriteDataFrame(c.fd(), {token, at, static_cast<uint32_t>(kChunk), false},
+                                        data.data() + at).ok());
+    }
+    capnp::MallocMessageBuilder wr;
+    auto e = wr.initRoot<wire::Request>().initEnqueue();
+    e.setQueue(2);
+    e.setEvent(event++);
+    auto wb = e.initWriteBuffer();
+    wb.setMem(3);
+    wb.setSize(kBytes);
+    wb.setBulk(token);
+    ASSERT_TRUE(c.Send(wr).ok());
+  };
+  auto send_read = [&](uint64_t seq) {
+    capnp::MallocMessageBuilder rd;
+    auto r = rd.initRoot<wire::Request>();
+    r.setSeq(seq);
+    auto e = r.initEnqueue();
+    e.setQueue(2);
+    e.setEvent(event++);
+    auto rb = e.initReadBuffer();
+    rb.setMem(3);
+    rb.setSize(kBytes);
+    ASSERT_TRUE(c.Send(rd).ok());
+  };
+  struct Sink : proto::DataSink {
+    uint8_t* Place(const proto::DataFrame& f) override {
+      if (f.offset + f.bytes > bytes.size()) return nullptr;
+      if (f.last) done = true;
+      return bytes.data() + f.offset;
+    }
+    void Placed(const proto::DataFrame&, bool) override {}
+    std::vector<uint8_t> bytes = std::vector<uint8_t>(kBytes);
+    bool done = false;
+  };
+  proto::FrameReader reader(c.fd(), proto::FrameKind::kReply, {});
+  auto read_all = [&](Sink& sink) {
+    reader.SetDataSink(&sink);
+    while (!sink.done) {
+      auto got = reader.NextOrData(nullptr);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      if (got->has_value()) {
+        FAIL() << "a reply instead of the data: status "
+               << (*got)->root<wire::Reply>().getStatus();
+      }
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(write(10, a));
+  ASSERT_NO_FATAL_FAILURE(send_read(100));
+  ASSERT_NO_FATAL_FAILURE(write(11, b));
+  // Not reading for a while: the read cannot be sent whole meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Sink first;
+  ASSERT_NO_FATAL_FAILURE(read_all(first));
+  EXPECT_TRUE(first.bytes == a) << "the read saw the write queued after it";
+  ASSERT_NO_FATAL_FAILURE(send_read(101));
+  Sink second;
+  ASSERT_NO_FATAL_FAILURE(read_all(second));
+  EXPECT_TRUE(second.bytes == b) << "the write after the read did not land";
+}
+
 TEST_F(ServerTest, ClientsDyingMidTransferLeakNothing) {
   RawClient probe(socket());
   ASSERT_EQ(probe.Hello(), 0);

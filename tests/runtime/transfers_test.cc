@@ -1283,5 +1283,73 @@ TEST(TransfersTest, WritesReceivedInPlaceKeepQueueOrder) {
   clReleaseCommandQueue(q2);
 }
 
+// Reads of buffers whose storage is the worker's (inline clients) are sent from the buffer
+// itself; the read completes only once sent, so a kernel after it on its queue cannot change
+// the bytes on their way, and a read whose wait list failed sends nothing and fails.
+TEST(TransfersTest, ReadsSentFromTheBufferSeeOnlyWhatCameBefore) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  cl_int err;
+  std::string log;
+  cl_program p = BuildProgram(
+      d, "__kernel void add(__global uint* x, uint k) { x[get_global_id(0)] += k; }", &log);
+  ASSERT_NE(p, nullptr) << log;
+  cl_kernel add = clCreateKernel(p, "add", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  constexpr size_t kBytes = size_t{48} << 20, kN = kBytes / 4;
+  cl_mem x = clCreateBuffer(d.context, CL_MEM_READ_WRITE, kBytes, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  const auto src = Pattern(kN, 77);
+  ASSERT_EQ(clEnqueueWriteBuffer(d.queue, x, CL_TRUE, 0, kBytes, src.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  std::vector<uint32_t> first(kN), second(kN), part(kN / 4);
+  for (uint32_t round = 1; round <= 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, x, CL_FALSE, 0, kBytes, first.data(), 0, nullptr,
+                                  nullptr), CL_SUCCESS);
+    clSetKernelArg(add, 0, sizeof(cl_mem), &x);
+    clSetKernelArg(add, 1, sizeof(round), &round);
+    size_t global = kN;
+    ASSERT_EQ(clEnqueueNDRangeKernel(d.queue, add, 1, nullptr, &global, nullptr, 0, nullptr,
+                                     nullptr), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, x, CL_FALSE, kBytes / 2, kBytes / 4, part.data(), 0,
+                                  nullptr, nullptr), CL_SUCCESS);
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, x, CL_FALSE, 0, kBytes, second.data(), 0, nullptr,
+                                  nullptr), CL_SUCCESS);
+    ASSERT_EQ(clFinish(d.queue), CL_SUCCESS);
+    const uint32_t before = (round - 1) * round / 2, after = round * (round + 1) / 2;
+    size_t wrong_first = 0, wrong_second = 0, wrong_part = 0;
+    for (size_t i = 0; i < kN; ++i) {
+      wrong_first += first[i] != src[i] + before;
+      wrong_second += second[i] != src[i] + after;
+    }
+    for (size_t i = 0; i < part.size(); ++i) wrong_part += part[i] != src[kN / 2 + i] + after;
+    EXPECT_EQ(wrong_first, 0u) << "the read before the kernel";
+    EXPECT_EQ(wrong_part, 0u) << "a part at an offset, after the kernel";
+    EXPECT_EQ(wrong_second, 0u) << "the read after the kernel";
+  }
+  // A read behind a user event set to an error fails, and the session goes on.
+  cl_event gate = clCreateUserEvent(d.context, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event read_ev = nullptr;
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, x, CL_FALSE, 0, kBytes, first.data(), 1, &gate,
+                                &read_ev), CL_SUCCESS);
+  ASSERT_EQ(clSetUserEventStatus(gate, -7), CL_SUCCESS);
+  clWaitForEvents(1, &read_ev);
+  cl_int status = 0;
+  ASSERT_EQ(clGetEventInfo(read_ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                           nullptr), CL_SUCCESS);
+  EXPECT_LT(status, 0);
+  clReleaseEvent(read_ev);
+  clReleaseEvent(gate);
+  clFinish(d.queue);
+  ASSERT_EQ(clEnqueueReadBuffer(d.queue, x, CL_TRUE, kBytes - 4096, 4096, part.data(), 0, nullptr,
+                                nullptr), CL_SUCCESS);
+  EXPECT_EQ(part[0], src[kN - 1024] + 6);
+  clReleaseMemObject(x);
+  clReleaseKernel(add);
+  clReleaseProgram(p);
+}
+
 }  // namespace
 }  // namespace gmux::testing
