@@ -311,8 +311,8 @@ std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, 
 }
 
 std::shared_ptr<HostBuffer> HostBuffer::Anonymous(size_t n) {
-  auto b = std::shared_ptr<HostBuffer>(new HostBuffer());
   if (n == 0) return nullptr;
+  auto b = std::shared_ptr<HostBuffer>(new HostBuffer());
   void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
   b->data_ = static_cast<uint8_t*>(p);
@@ -1152,11 +1152,11 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       }
       // A large buffer whose client keeps no storage for it (TCP): on devices that work in
       // place, its storage is this process's memory, so that inline write data is received
-      // straight into it (DirectTarget). Still the worker's private memory (PrivateRoom).
+      // straight into it (DirectTarget). Still the worker's private memory (PrivateRoom), mapped
+      // once booked (the mapping counts in VmData at once).
+      const bool own = !r.getStorage() && !init && r.getSize() >= kOwnStorageMinBytes &&
+                       StorageFor(*ctx);
       std::shared_ptr<HostBuffer> own_storage;
-      if (!r.getStorage() && !init && r.getSize() >= kOwnStorageMinBytes && StorageFor(*ctx)) {
-        own_storage = HostBuffer::Anonymous(r.getSize());
-      }
       std::shared_ptr<MemCharge> charge;
       if (Err e = ChargeMemory(ctx->devices, r.getSize(), true, charge); !e.ok()) {
         if (init) core_->bulk_bytes.fetch_sub(init->bytes.staged());
@@ -1172,6 +1172,7 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       cl_int err = CL_SUCCESS;
       auto lock = residency_->Lock();
       cl_mem m = nullptr;
+      if (own) own_storage = HostBuffer::Anonymous(r.getSize());
       if (own_storage) {
         storage = std::shared_ptr<uint8_t>(own_storage, own_storage->data());
         m = CreateOnStorage(cl_, ctx->ctx->h, flags, r.getSize(), storage, &err);
@@ -2726,6 +2727,10 @@ struct StorageReadFlow {
   // and the read completes, the rest going out from the copy.
   void Send(SessionCore* c) {
     const size_t n = view->size();
+    if (sent == nullptr) {  // completed already: `view` is a copy
+      SendReadData(c, seq, *view, 0, n);
+      return;
+    }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(5) +
                           std::chrono::microseconds(n / (2u << 10));  // 2 GB/s
     std::unique_ptr<uint8_t[]> copy;  // [at, n) of the view, once taken
@@ -2770,8 +2775,9 @@ struct StorageReadFlow {
 };
 
 void CL_CALLBACK StorageReadReady(cl_event, cl_int status, void* user) {
-  std::shared_ptr<StorageReadFlow> flow = std::move(*static_cast<std::shared_ptr<StorageReadFlow>*>(user));
-  delete static_cast<std::shared_ptr<StorageReadFlow>*>(user);
+  auto* held = static_cast<std::shared_ptr<StorageReadFlow>*>(user);
+  std::shared_ptr<StorageReadFlow> flow = std::move(*held);
+  delete held;
   std::shared_ptr<SessionCore> core = flow->core.lock();
   if (status < 0 || !core) {
     flow->Settle(status < 0 ? status : CL_INVALID_OPERATION);
@@ -2822,15 +2828,12 @@ void Session::StorageRead(Command& cmd, std::shared_ptr<HostBuffer> view, uint64
     if (err == CL_SUCCESS) {
       auto* user = new std::shared_ptr<StorageReadFlow>(flow);
       if (d.clSetEventCallback(ready, CL_COMPLETE, StorageReadReady, user) != CL_SUCCESS) {
+        // Nothing will send: the command fails, and the flow, going, sets `sent` failed.
         delete user;
         err = CL_OUT_OF_RESOURCES;
         d.clReleaseEvent(*out);
         *out = nullptr;
       }
-    }
-    if (err != CL_SUCCESS) {
-      // Nothing will send: `ready` must not be left waiting on what the flow will fail.
-      d.clWaitForEvents(1, &ready);
     }
     d.clReleaseEvent(ready);
     return err;

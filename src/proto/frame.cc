@@ -386,14 +386,18 @@ Status WriteAll(int fd, std::span<const uint8_t> bytes) {
   return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
 }
 
-Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data, const FrameLimits& limits) {
+namespace {
+// A data frame's bytes as iovecs: the header and prefix (encoded into `head`), `data`, and the
+// padding to a whole word. kResourceExhausted when it would exceed `limits`.
+Status DataFrameIov(const DataFrame& f, const uint8_t* data, const FrameLimits& limits,
+                    uint8_t (&head)[kHeaderBytes + kDataPrefixBytes], std::vector<iovec>& iov) {
   const size_t padded = (static_cast<size_t>(f.bytes) + 7) / 8 * 8;
   const size_t payload = kDataPrefixBytes + padded;
   if (payload > limits.max_payload_bytes) {
     return ResourceExhausted("data frame of " + std::to_string(payload) +
                              " bytes exceeds the frame limit");
   }
-  uint8_t head[kHeaderBytes + kDataPrefixBytes] = {};
+  std::memset(head, 0, sizeof(head));
   EncodeHeader({kProtocolVersion, FrameKind::kData, static_cast<uint32_t>(payload)}, head);
   uint8_t* prefix = head + kHeaderBytes;
   StoreU32(prefix, static_cast<uint32_t>(f.id));
@@ -403,9 +407,17 @@ Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data, const Fra
   StoreU32(prefix + 16, f.bytes);
   StoreU32(prefix + 20, f.last ? 1u : 0u);
   static constexpr uint8_t kZeros[8] = {};
-  std::vector<iovec> iov = {{head, sizeof(head)}};
+  iov = {{head, sizeof(head)}};
   if (f.bytes != 0) iov.push_back({const_cast<uint8_t*>(data), f.bytes});
   if (padded != f.bytes) iov.push_back({const_cast<uint8_t*>(kZeros), padded - f.bytes});
+  return Status::Ok();
+}
+}  // namespace
+
+Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data, const FrameLimits& limits) {
+  uint8_t head[kHeaderBytes + kDataPrefixBytes];
+  std::vector<iovec> iov;
+  GMUX_RETURN_IF_ERROR(DataFrameIov(f, data, limits, head, iov));
   size_t first = 0;
   return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
 }
@@ -414,25 +426,9 @@ Status WriteDataFrameUntil(int fd, const DataFrame& f, const uint8_t* data,
                            std::chrono::steady_clock::time_point deadline,
                            std::vector<uint8_t>* rest, const FrameLimits& limits) {
   rest->clear();
-  const size_t padded = (static_cast<size_t>(f.bytes) + 7) / 8 * 8;
-  const size_t payload = kDataPrefixBytes + padded;
-  if (payload > limits.max_payload_bytes) {
-    return ResourceExhausted("data frame of " + std::to_string(payload) +
-                             " bytes exceeds the frame limit");
-  }
-  uint8_t head[kHeaderBytes + kDataPrefixBytes] = {};
-  EncodeHeader({kProtocolVersion, FrameKind::kData, static_cast<uint32_t>(payload)}, head);
-  uint8_t* prefix = head + kHeaderBytes;
-  StoreU32(prefix, static_cast<uint32_t>(f.id));
-  StoreU32(prefix + 4, static_cast<uint32_t>(f.id >> 32));
-  StoreU32(prefix + 8, static_cast<uint32_t>(f.offset));
-  StoreU32(prefix + 12, static_cast<uint32_t>(f.offset >> 32));
-  StoreU32(prefix + 16, f.bytes);
-  StoreU32(prefix + 20, f.last ? 1u : 0u);
-  static constexpr uint8_t kZeros[8] = {};
-  std::vector<iovec> iov = {{head, sizeof(head)}};
-  if (f.bytes != 0) iov.push_back({const_cast<uint8_t*>(data), f.bytes});
-  if (padded != f.bytes) iov.push_back({const_cast<uint8_t*>(kZeros), padded - f.bytes});
+  uint8_t head[kHeaderBytes + kDataPrefixBytes];
+  std::vector<iovec> iov;
+  GMUX_RETURN_IF_ERROR(DataFrameIov(f, data, limits, head, iov));
   size_t first = 0;
   for (;;) {
     GMUX_RETURN_IF_ERROR(SendIov(fd, iov, first, -1, /*dont_wait=*/true));
