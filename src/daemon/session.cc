@@ -152,7 +152,7 @@ void SessionCore::Send(capnp::MessageBuilder& message) {
   std::lock_guard<std::mutex> lock(out_mu_);
   if (closed.load() || stop_) return;
   if (out_.empty() && !writing_) {
-    auto rest = proto::WriteFrameNow(fd, proto::FrameKind::kReply, message, limits);
+    auto rest = proto::WriteFrameNow(outlet(), proto::FrameKind::kReply, message, limits);
     if (!rest.ok() || rest->empty()) return;
     Queue(Out{std::move(*rest), nullptr});
     return;
@@ -193,13 +193,25 @@ bool SessionCore::DeferIfIdle(std::function<void()>& write) {
 
 void SessionCore::SendFromWriter(capnp::MessageBuilder& message) {
   if (closed.load()) return;
-  proto::WriteFrame(fd, proto::FrameKind::kReply, message, limits).IgnoreError();
+  proto::WriteFrame(outlet(), proto::FrameKind::kReply, message, limits).IgnoreError();
+}
+
+void SessionCore::UseRing(uint64_t seq, std::shared_ptr<proto::ShmRing> ring) {
+  Defer([this, seq, ring] {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Reply>();
+    r.setSeq(seq);
+    r.setStatus(CL_SUCCESS);
+    SendFromWriter(b);  // the last frame on the socket
+    std::lock_guard<std::mutex> lock(out_mu_);
+    if (!stop_) ring_ = ring;
+  });
 }
 
 void SessionCore::SendDataFromWriter(uint64_t seq, uint64_t offset, const uint8_t* data,
                                      size_t n, bool last) {
   if (closed.load()) return;
-  proto::WriteDataFrame(fd, {seq, offset, static_cast<uint32_t>(n), last}, data, limits)
+  proto::WriteDataFrame(outlet(), {seq, offset, static_cast<uint32_t>(n), last}, data, limits)
       .IgnoreError();
 }
 
@@ -216,7 +228,7 @@ void SessionCore::WriterLoop() {
     if (o.write) {
       o.write();
     } else if (!closed.load()) {
-      proto::WriteAll(fd, o.bytes).IgnoreError();
+      proto::WriteAll(outlet(), o.bytes).IgnoreError();
     }
     o = Out{};  // a deferred writer's data is released before the lock is taken again
     lock.lock();
@@ -251,6 +263,7 @@ void SessionCore::CloseLocked() {
   // Wakes a writer blocked on a client that does not read; the descriptor stays open until the
   // writer is joined.
   if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+  if (ring_) ring_->Close();
 }
 
 void SessionCore::SendStatus(uint64_t seq, cl_int status, const std::string& message) {
@@ -953,7 +966,11 @@ Status Session::Serve() {
       return DataLoss(std::string("malformed request: ") + e->getDescription().cStr());
     }
     // A request that waits for an answer may wait on these commands: hand them over first.
-    if (seq != 0) SubmitPending();
+    // Its client most likely sends nothing more until it has the answer.
+    if (seq != 0) {
+      SubmitPending();
+      reader.ExpectQuiet();
+    }
     if (replied) continue;
     if (seq != 0) {
       auto r = reply.getRoot<wire::Reply>();
@@ -1621,6 +1638,26 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       auto r = req.getBulkBegin();
       if (r.getToken() == 0 || bulk_.count(r.getToken()) != 0) return {CL_INVALID_VALUE, "bulk token in use"};
       if (Err e = BeginBulk(r); !e.ok()) return RefuseBulk(req.getSeq(), r.getToken(), std::move(e));
+      return {};
+    }
+
+    case wire::Request::REPLY_RING: {
+      if (passed_fd_ < 0) return {CL_INVALID_VALUE, "reply ring without a descriptor"};
+      int fd = passed_fd_;
+      passed_fd_ = -1;
+      if (reply_ring_) {
+        ::close(fd);
+        return {CL_INVALID_OPERATION, "reply ring asked for twice"};
+      }
+      if (req.getSeq() == 0) {
+        ::close(fd);
+        return {CL_INVALID_VALUE, "reply ring without a seq to answer"};
+      }
+      auto ring = proto::ShmRing::OpenProducer(fd, req.getReplyRing(), core_->fd);
+      if (!ring.ok()) return {CL_INVALID_VALUE, ring.status().message()};
+      reply_ring_ = true;
+      replied = true;
+      core_->UseRing(req.getSeq(), std::move(*ring));
       return {};
     }
 
@@ -2740,9 +2777,10 @@ struct StorageReadFlow {
       const size_t len = std::min(proto::kBulkChunkBytes, n - at);
       const proto::DataFrame f{seq, at, static_cast<uint32_t>(len), at + len == n};
       if (copy) {
-        proto::WriteDataFrame(c->fd, f, copy.get() + (at - copied_from), c->limits).IgnoreError();
+        proto::WriteDataFrame(c->outlet(), f, copy.get() + (at - copied_from), c->limits)
+            .IgnoreError();
       } else {
-        if (!proto::WriteDataFrameUntil(c->fd, f, view->data() + at,
+        if (!proto::WriteDataFrameUntil(c->outlet(), f, view->data() + at,
                                         std::chrono::steady_clock::now() < deadline
                                             ? deadline
                                             : std::chrono::steady_clock::time_point{},
@@ -2760,7 +2798,7 @@ struct StorageReadFlow {
             }
           }
           if (copy || at + len == n) Settle(CL_COMPLETE);  // nothing reads the buffer now
-          proto::WriteAll(c->fd, rest).IgnoreError();
+          proto::WriteAll(c->outlet(), rest).IgnoreError();
           if (!copy && at + len < n) {
             // No memory for a copy: the rest goes out from the buffer, waiting on the client.
             SendReadData(c, seq, *view, at + len, n);
@@ -3242,6 +3280,7 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setBufferStorage(true);
   h.setStorageArenas(true);
   h.setDataFrames(true);
+  h.setReplyRing(true);
   const auto& devs = backend.devices();
   // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).
   std::vector<unsigned> shown;

@@ -30,6 +30,7 @@
 #include "daemon/restore.h"
 #include "daemon/validate.h"
 #include "proto/frame.h"
+#include "proto/shm_ring.h"
 
 namespace gmux::daemon {
 
@@ -137,6 +138,12 @@ struct SessionCore {
                           bool last);
   // Marks the session closed: nothing more is sent, and a writer waiting on the client stops.
   void Close();
+  // Where frames go: the socket, or the ring once UseRing's answer is sent. Under out_mu_ or on
+  // the writer thread (in a Defer()red function; the writer alone changes it, under out_mu_).
+  proto::Outlet outlet() const { return {fd, ring_.get()}; }
+  // Answers the `replyRing` request `seq` on the socket, after every reply before it, and sends
+  // every later frame through `ring` (proto/shm_ring.h).
+  void UseRing(uint64_t seq, std::shared_ptr<proto::ShmRing> ring);
 
   // The session's share of its tenant's limits, which gmuxd changes as the tenant's sessions
   // come and go (any thread); the session picks a change up before its next request.
@@ -150,6 +157,7 @@ struct SessionCore {
     std::function<void()> write;  // a deferred writer
   };
   void Queue(Out out);  // out_mu_ held
+  std::shared_ptr<proto::ShmRing> ring_;  // outlet()'s
   void CloseLocked();   // out_mu_ held
   void WriterLoop();
 
@@ -367,6 +375,7 @@ class Session {
   };
   std::vector<ToldComplete> told_complete_;
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
+  bool reply_ring_ = false;  // the client's frames go through a ring (SessionCore::UseRing)
   // The client's storage arenas for small buffers (docs/protocol.md, "Buffers on shared
   // memory"), by number: mapped once, for the session (each buffer on one holds it too).
   std::unordered_map<uint32_t, std::shared_ptr<HostBuffer>> arenas_;

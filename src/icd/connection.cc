@@ -227,6 +227,7 @@ Connection* Connection::Connect() {
   const bool data_frames = frames_env == nullptr || std::strcmp(frames_env, "0") != 0;
   h.setDataFrames(data_frames);
   bool storage_arenas = false;  // the worker's answer
+  bool reply_ring = false;      // the worker's answer
   if (!tcp && !no_shm && OfferRemoteCopy(fd)) {
     h.setProbe(reinterpret_cast<uintptr_t>(&remote_probe));
     h.setProbeCookie(remote_probe);
@@ -268,6 +269,7 @@ Connection* Connection::Connect() {
     conn->storage_enabled_ = !tcp && rep.getHello().getBufferStorage();
     conn->data_frames_ = data_frames && rep.getHello().getDataFrames();
     storage_arenas = rep.getHello().getStorageArenas();
+    reply_ring = rep.getHello().getReplyRing();
     conn->hello_pid_ = ::getpid();
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});
@@ -284,6 +286,22 @@ Connection* Connection::Connect() {
     ::close(fd);
     return nullptr;
   }
+  // Replies through shared memory (proto/shm_ring.h): asked for before any other request, so
+  // nothing but its answer comes on the socket before the ring. GMUX_REPLY_RING=0 says no, as
+  // does GMUX_SHM=0 (every byte through the socket).
+  if (const char* e = std::getenv("GMUX_REPLY_RING");
+      reply_ring && !tcp && !no_shm && (e == nullptr || std::strcmp(e, "0") != 0)) {
+    switch (conn->OpenReplyRing(fd)) {
+      case RingOutcome::kOpen:
+      case RingOutcome::kRefused:
+        break;
+      case RingOutcome::kLost:
+        SayOnce("gmuxd's worker ended the session while it set up shared memory for replies");
+        delete conn;
+        ::close(fd);
+        return nullptr;
+    }
+  }
   timeval none{0, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
@@ -292,6 +310,7 @@ Connection* Connection::Connect() {
       std::make_unique<proto::FrameReader>(fd, proto::FrameKind::kReply, ReplyLimits());
   // Offered in the hello: an older worker that does not know them sends none.
   if (data_frames) conn->replies_->SetDataSink(&conn->read_sink_);
+  if (conn->ring_) conn->replies_->ReadFromRing(conn->ring_.get());
   // Descriptors cannot cross TCP: bulk data goes inline there.
   // GMUX_SHM=0: every byte inline in the stream (no shared memory, no remote copy either).
   if (const char* e = std::getenv("GMUX_SHM"); tcp || (e != nullptr && std::strcmp(e, "0") == 0)) {
@@ -317,6 +336,43 @@ Connection* Connection::Connect() {
   std::thread([conn] { conn->ReceiveLoop(); }).detach();
   std::thread([conn] { conn->CallbackLoop(); }).detach();
   return conn;
+}
+
+Connection::RingOutcome Connection::OpenReplyRing(int fd) {
+  int pass_fd = -1;
+  auto ring = proto::ShmRing::CreateConsumer(kReplyRingBytes, fd, &pass_fd);
+  if (!ring.ok()) return RingOutcome::kRefused;  // no memfd here: replies use the socket
+  capnp::MallocMessageBuilder b;
+  auto req = b.initRoot<wire::Request>();
+  const uint64_t seq = next_seq_.fetch_add(1);
+  req.setSeq(seq);
+  req.setReplyRing(kReplyRingBytes);
+  const bool sent = proto::WriteFrame(fd, proto::FrameKind::kRequest, b, {}, pass_fd).ok();
+  ::close(pass_fd);
+  if (!sent) return RingOutcome::kLost;
+  // Still within the handshake's receive timeout.
+  auto msg = proto::ReadFrame(fd, proto::FrameKind::kReply, ReplyLimits());
+  if (!msg.ok()) return RingOutcome::kLost;
+  bool open = false;
+  bool lost = false;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&]() {
+    auto rep = msg->root<wire::Reply>();
+    if (rep.getSeq() != seq) {  // nothing else is due before it: a broken worker
+      lost = true;
+      return;
+    }
+    open = rep.getStatus() == CL_SUCCESS;
+    if (!open && rep.getMessage().size() != 0) {
+      SayOnce(std::string("gmuxd's worker declined shared memory for replies: ") +
+              rep.getMessage().cStr());
+    }
+  })) {
+    return RingOutcome::kLost;
+  }
+  if (lost) return RingOutcome::kLost;
+  if (!open) return RingOutcome::kRefused;
+  ring_ = std::move(*ring);
+  return RingOutcome::kOpen;
 }
 
 namespace {
@@ -1022,7 +1078,13 @@ void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
       lock.unlock();
       // A reply due soon is taken without sleeping (reply_spin.h); one read already is not
       // waited for.
-      if (!replies_->HasFrame()) spin_.Wait(fd_);
+      if (!replies_->HasFrame()) {
+        if (ring_) {
+          spin_.WaitFor([this] { return ring_->Readable(); });
+        } else {
+          spin_.Wait(fd_);
+        }
+      }
       ReadOne();
       spin_.Arrived();
       lock.lock();

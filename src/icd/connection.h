@@ -34,6 +34,7 @@
 
 #include "icd/reply_spin.h"
 #include "proto/frame.h"
+#include "proto/shm_ring.h"
 
 namespace gmux::icd {
 
@@ -237,6 +238,13 @@ class Connection {
  private:
   Connection() = default;
   static Connection* Connect();
+  // Asks the worker to send its frames through a shared-memory ring (proto/shm_ring.h) on the
+  // socket `fd`, during the handshake: kOpen (ring_ set), kRefused (the socket it is), kLost
+  // (the connection broke).
+  enum class RingOutcome { kOpen, kRefused, kLost };
+  RingOutcome OpenReplyRing(int fd);
+  static constexpr size_t kReplyRingBytes = 1u << 20;
+  std::unique_ptr<proto::ShmRing> ring_;  // set at connection, for the process's life
   // Reads and dispatches one reply; false once the connection is gone (every waiter then has
   // CL_DEVICE_NOT_AVAILABLE). Called by the one thread that holds `reading_`.
   bool ReadOne();

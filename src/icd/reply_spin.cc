@@ -28,18 +28,21 @@ ReplySpin ReplySpin::FromEnvironment() {
   return ReplySpin(budget, cpus);
 }
 
-bool ReplySpin::Wait(int fd) {
+bool ReplySpin::Begin() {
   began_ = std::chrono::steady_clock::now();
   waiting_ = true;
   if (!WillSpin()) return false;
   ++spins_;
-  const auto until = began_ + budget_;
-  for (;;) {
+  return true;
+}
+
+void ReplySpin::Yield() { ::sched_yield(); }
+
+bool ReplySpin::Wait(int fd) {
+  return WaitFor([fd] {
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) != 0) return true;  // readable, or an error the read will report
-    if (std::chrono::steady_clock::now() >= until) return false;
-    ::sched_yield();
-  }
+    return ::poll(&p, 1, 0) != 0;  // readable, or an error the read will report
+  });
 }
 
 void ReplySpin::Arrived() {

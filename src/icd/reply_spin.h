@@ -42,6 +42,17 @@ class ReplySpin {
   // Before sleeping for a reply on `fd`: spins (poll, sched_yield) until `fd` is readable or
   // the budget is spent, if the policy says it is worth it. True when `fd` became readable.
   bool Wait(int fd);
+  // The same, spinning until `ready()` (the reply ring has bytes: no system call per turn).
+  template <typename Ready>
+  bool WaitFor(const Ready& ready) {
+    if (!Begin()) return false;
+    const auto until = began_ + budget_;
+    for (;;) {
+      if (ready()) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      Yield();
+    }
+  }
   // After the reply that Wait() preceded arrived: its time since Wait() began decides whether
   // the next waits spin.
   void Arrived();
@@ -55,6 +66,10 @@ class ReplySpin {
   void Record(std::chrono::nanoseconds waited);
 
  private:
+  // Starts a wait's clock; whether it spins.
+  bool Begin();
+  static void Yield();
+
   std::chrono::microseconds budget_;
   uint32_t slow_ = 0;  // replies in a row slower than the budget
   uint64_t spins_ = 0;

@@ -1,5 +1,7 @@
 #include "proto/frame.h"
 
+#include "proto/shm_ring.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -135,6 +137,37 @@ Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, Wait wait, int timeout_m
     }
     return static_cast<size_t>(r);
   }
+}
+
+// RecvSome from the socket, or with `ring`, from the ring (which passes no descriptors; the
+// socket then brings only doorbells, and its end the end of the stream once the ring is empty).
+template <typename OnFd>
+Result<size_t> RecvFrom(int fd, ShmRing* ring, uint8_t* buf, size_t n, Wait wait, int timeout_ms,
+                        const OnFd& on_fd) {
+  if (ring == nullptr) return RecvSome(fd, buf, n, wait, timeout_ms, on_fd);
+  for (;;) {
+    GMUX_ASSIGN_OR_RETURN(size_t got, ring->Read(buf, n));
+    if (got > 0) return got;
+    if (wait == Wait::kNo) return kNothingYet;
+    bool closed = false;
+    if (!ring->WaitReadable(timeout_ms, &closed)) {
+      if (closed) return size_t{0};
+      return Unavailable("reply ring: " + ErrnoText(EAGAIN));
+    }
+  }
+}
+
+// Reads exactly n bytes (ReadFully), from `ring` when there is one.
+Result<size_t> ReadFullyFrom(int fd, ShmRing* ring, uint8_t* buf, size_t n, int timeout_ms) {
+  if (ring == nullptr) return ReadFully(fd, buf, n);
+  size_t got = 0;
+  while (got < n) {
+    GMUX_ASSIGN_OR_RETURN(size_t r, RecvFrom(fd, ring, buf + got, n - got, Wait::kYes, timeout_ms,
+                                             [](int, size_t) {}));
+    if (r == 0) break;
+    got += r;
+  }
+  return got;
 }
 
 // Reads the header with recvmsg so a descriptor passed with the frame is received (the kernel
@@ -319,7 +352,14 @@ std::vector<iovec> FrameIov(Encoded& e) {
 
 // Sends iov[first...] (advancing `first` and the partly sent entry); with `dont_wait`, returns
 // Ok with `first` < iov.size() when the socket is full.
-Status SendIov(int fd, std::vector<iovec>& iov, size_t& first, int pass_fd, bool dont_wait) {
+Status SendIov(Outlet out, std::vector<iovec>& iov, size_t& first, int pass_fd, bool dont_wait) {
+  if (out.ring != nullptr) {
+    // No descriptor travels the ring (the worker sends none to its client).
+    return out.ring->Write(iov.data(), iov.size(), &first,
+                           dont_wait ? std::chrono::steady_clock::time_point::min()
+                                     : std::chrono::steady_clock::time_point::max());
+  }
+  const int fd = out.fd;
   while (first < iov.size()) {
     msghdr msg{};
     msg.msg_iov = iov.data() + first;
@@ -356,22 +396,22 @@ Status SendIov(int fd, std::vector<iovec>& iov, size_t& first, int pass_fd, bool
 
 }  // namespace
 
-Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
+Status WriteFrame(Outlet out, FrameKind kind, capnp::MessageBuilder& message,
                   const FrameLimits& limits, int pass_fd) {
   Encoded e;
   GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
   std::vector<iovec> iov = FrameIov(e);
   size_t first = 0;
-  return SendIov(fd, iov, first, pass_fd, /*dont_wait=*/false);
+  return SendIov(out, iov, first, pass_fd, /*dont_wait=*/false);
 }
 
-Result<std::vector<uint8_t>> WriteFrameNow(int fd, FrameKind kind, capnp::MessageBuilder& message,
+Result<std::vector<uint8_t>> WriteFrameNow(Outlet out, FrameKind kind, capnp::MessageBuilder& message,
                                            const FrameLimits& limits) {
   Encoded e;
   GMUX_RETURN_IF_ERROR(Prepare(kind, message, limits, e));
   std::vector<iovec> iov = FrameIov(e);
   size_t first = 0;
-  GMUX_RETURN_IF_ERROR(SendIov(fd, iov, first, -1, /*dont_wait=*/true));
+  GMUX_RETURN_IF_ERROR(SendIov(out, iov, first, -1, /*dont_wait=*/true));
   std::vector<uint8_t> rest;
   for (size_t i = first; i < iov.size(); ++i) {
     const auto* b = static_cast<const uint8_t*>(iov[i].iov_base);
@@ -380,10 +420,10 @@ Result<std::vector<uint8_t>> WriteFrameNow(int fd, FrameKind kind, capnp::Messag
   return rest;
 }
 
-Status WriteAll(int fd, std::span<const uint8_t> bytes) {
+Status WriteAll(Outlet out, std::span<const uint8_t> bytes) {
   std::vector<iovec> iov = {{const_cast<uint8_t*>(bytes.data()), bytes.size()}};
   size_t first = 0;
-  return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
+  return SendIov(out, iov, first, -1, /*dont_wait=*/false);
 }
 
 namespace {
@@ -414,15 +454,16 @@ Status DataFrameIov(const DataFrame& f, const uint8_t* data, const FrameLimits& 
 }
 }  // namespace
 
-Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data, const FrameLimits& limits) {
+Status WriteDataFrame(Outlet out, const DataFrame& f, const uint8_t* data,
+                      const FrameLimits& limits) {
   uint8_t head[kHeaderBytes + kDataPrefixBytes];
   std::vector<iovec> iov;
   GMUX_RETURN_IF_ERROR(DataFrameIov(f, data, limits, head, iov));
   size_t first = 0;
-  return SendIov(fd, iov, first, -1, /*dont_wait=*/false);
+  return SendIov(out, iov, first, -1, /*dont_wait=*/false);
 }
 
-Status WriteDataFrameUntil(int fd, const DataFrame& f, const uint8_t* data,
+Status WriteDataFrameUntil(Outlet out, const DataFrame& f, const uint8_t* data,
                            std::chrono::steady_clock::time_point deadline,
                            std::vector<uint8_t>* rest, const FrameLimits& limits) {
   rest->clear();
@@ -431,11 +472,16 @@ Status WriteDataFrameUntil(int fd, const DataFrame& f, const uint8_t* data,
   GMUX_RETURN_IF_ERROR(DataFrameIov(f, data, limits, head, iov));
   size_t first = 0;
   for (;;) {
-    GMUX_RETURN_IF_ERROR(SendIov(fd, iov, first, -1, /*dont_wait=*/true));
+    if (out.ring != nullptr) {
+      GMUX_RETURN_IF_ERROR(out.ring->Write(iov.data(), iov.size(), &first, deadline));
+      if (first == iov.size()) return Status::Ok();
+      break;
+    }
+    GMUX_RETURN_IF_ERROR(SendIov(out, iov, first, -1, /*dont_wait=*/true));
     if (first == iov.size()) return Status::Ok();
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) break;
-    pollfd p{fd, POLLOUT, 0};
+    pollfd p{out.fd, POLLOUT, 0};
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
     if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000))) < 0 && errno != EINTR) {
       return Unavailable("poll: " + ErrnoText(errno));
@@ -491,8 +537,13 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
     begin_ = 0;
   }
   const uint64_t from = offset_ + buffered();
+  if (!wait && expect_quiet_) {
+    expect_quiet_ = false;
+    return false;  // as if the read found nothing: the caller waits next
+  }
+  expect_quiet_ = false;
   // Waiting comes only after a read without waiting found nothing (Next): straight to poll.
-  Result<size_t> r = RecvSome(fd_, buf_.data() + end_, buf_.size() - end_,
+  Result<size_t> r = RecvFrom(fd_, ring_, buf_.data() + end_, buf_.size() - end_,
                               wait ? Wait::kPollFirst : Wait::kNo, timeout_ms_,
                               [&](int passed, size_t bytes) {
                                 passed_.push_back({passed, from, from + bytes});
@@ -546,7 +597,7 @@ bool FrameReader::Take(uint8_t* to, size_t n, Status& error, bool& told,
   // A descriptor that comes with these bytes belongs to no frame: closed.
   auto close_passed = [](int passed, size_t) { ::close(passed); };
   while (at < n) {
-    Result<size_t> r = RecvSome(fd_, dest(at), step(at), Wait::kNo, timeout_ms_,
+    Result<size_t> r = RecvFrom(fd_, ring_, dest(at), step(at), Wait::kNo, timeout_ms_,
                                 close_passed);
     if (!r.ok()) {
       error = r.status();
@@ -557,7 +608,7 @@ bool FrameReader::Take(uint8_t* to, size_t n, Status& error, bool& told,
         told = true;
         before_wait();
       }
-      r = RecvSome(fd_, dest(at), step(at), Wait::kPollFirst, timeout_ms_,
+      r = RecvFrom(fd_, ring_, dest(at), step(at), Wait::kPollFirst, timeout_ms_,
                    close_passed);
       if (!r.ok()) {
         error = r.status();
@@ -678,7 +729,7 @@ Result<std::optional<Message>> FrameReader::NextOrData(int* fd_out,
     size_t body = 0;
     bool ended = false;
     while (body < rest && !ended) {
-      GMUX_ASSIGN_OR_RETURN(size_t r, RecvSome(fd_, dst + have + body, rest - body,
+      GMUX_ASSIGN_OR_RETURN(size_t r, RecvFrom(fd_, ring_, dst + have + body, rest - body,
                                                Wait::kNo, timeout_ms_,
                                                [](int passed, size_t) { ::close(passed); }));
       if (r == kNothingYet) break;
@@ -690,7 +741,8 @@ Result<std::optional<Message>> FrameReader::NextOrData(int* fd_out,
         told = true;
         before_wait();
       }
-      GMUX_ASSIGN_OR_RETURN(size_t waited, ReadFully(fd_, dst + have + body, rest - body));
+      GMUX_ASSIGN_OR_RETURN(size_t waited, ReadFullyFrom(fd_, ring_, dst + have + body,
+                                                         rest - body, timeout_ms_));
       body += waited;
     }
     offset_ += body;

@@ -125,28 +125,40 @@ Result<Message> DecodeFrame(std::span<const uint8_t> bytes, FrameKind kind,
 Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& message,
                                          const FrameLimits& limits = {});
 
-// Blocking frame I/O on a connected stream socket. WriteFrame sends header and segments with one
+class ShmRing;  // proto/shm_ring.h
+
+// Where a writer's frames go: the socket, or the shared-memory ring that replaced the socket for
+// the worker's frames to a local client (proto/shm_ring.h; the socket then carries doorbells).
+struct Outlet {
+  Outlet(int socket) : fd(socket) {}  // NOLINT: a socket is an outlet
+  Outlet(int socket, ShmRing* r) : fd(socket), ring(r) {}
+  int fd = -1;
+  ShmRing* ring = nullptr;
+};
+
+// Blocking frame I/O on a connected stream socket (or the ring an Outlet names: the same bytes,
+// and the same waits for room). WriteFrame sends header and segments with one
 // sendmsg (MSG_NOSIGNAL: a closed peer is kUnavailable, never SIGPIPE); callers serialize writers.
 // `pass_fd` >= 0 is sent with the frame as SCM_RIGHTS (Unix sockets; shared-memory transfers).
-Status WriteFrame(int fd, FrameKind kind, capnp::MessageBuilder& message,
+Status WriteFrame(Outlet out, FrameKind kind, capnp::MessageBuilder& message,
                   const FrameLimits& limits = {}, int pass_fd = -1);
 
 // Sends what the socket takes of the frame now, without waiting (MSG_DONTWAIT), and returns
 // the bytes that did not fit (empty: all sent), for a writer that must never wait on a slow
 // reader and sends the rest later, in order.
-Result<std::vector<uint8_t>> WriteFrameNow(int fd, FrameKind kind, capnp::MessageBuilder& message,
+Result<std::vector<uint8_t>> WriteFrameNow(Outlet out, FrameKind kind, capnp::MessageBuilder& message,
                                            const FrameLimits& limits = {});
 // Sends `bytes` whole (blocking; MSG_NOSIGNAL).
-Status WriteAll(int fd, std::span<const uint8_t> bytes);
+Status WriteAll(Outlet out, std::span<const uint8_t> bytes);
 // Sends a data frame of `f.bytes` bytes from `data` (blocking; MSG_NOSIGNAL, no copy of the
 // bytes). kResourceExhausted when it would exceed `limits`.
-Status WriteDataFrame(int fd, const DataFrame& f, const uint8_t* data,
+Status WriteDataFrame(Outlet out, const DataFrame& f, const uint8_t* data,
                       const FrameLimits& limits = {});
 
 // WriteDataFrame that waits for room in the socket only until `deadline`. What the socket has
 // not taken by then (the rest of the header and of `data`, and the padding) is copied into
 // `*rest`, for the caller to send after it with WriteAll: `data` is then no longer read.
-Status WriteDataFrameUntil(int fd, const DataFrame& f, const uint8_t* data,
+Status WriteDataFrameUntil(Outlet out, const DataFrame& f, const uint8_t* data,
                            std::chrono::steady_clock::time_point deadline,
                            std::vector<uint8_t>* rest, const FrameLimits& limits = {});
 
@@ -186,6 +198,15 @@ class FrameReader {
   void SetDataSink(DataSink* sink) { sink_ = sink; }
   // Whether Next() has a whole frame (or a header it will refuse) without reading the socket.
   bool HasFrame() const;
+  // The peer is expected to send nothing until it has an answer (it waits for one): the next
+  // read that finds too little buffered waits (in poll) at once rather than first trying a read
+  // that would find the socket empty (one system call fewer per blocking call). `before_wait`
+  // still runs first; a peer that did send costs a poll that returns at once.
+  void ExpectQuiet() { expect_quiet_ = true; }
+  // From here on the frames come through `ring` (not owned; it outlives the reader's use) and
+  // the socket only rings its doorbell (proto/shm_ring.h). Nothing may be buffered.
+  void ReadFromRing(ShmRing* ring) { ring_ = ring; }
+  ShmRing* ring() const { return ring_; }
 
  private:
   struct Passed {
@@ -215,6 +236,8 @@ class FrameReader {
   uint64_t offset_ = 0;  // stream offset of buf_[begin_]
   std::vector<Passed> passed_;
   DataSink* sink_ = nullptr;
+  ShmRing* ring_ = nullptr;
+  bool expect_quiet_ = false;
 };
 
 }  // namespace gmux::proto

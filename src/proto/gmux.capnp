@@ -136,6 +136,7 @@ struct HelloReply {
   dataFrames @6 :Bool;     # the worker takes bulk data as data frames (proto/frame.h) and, when
                            # the hello offered it, sends a read's data so
   storageArenas @7 :Bool;  # the worker knows CreateBuffer's `storageArena` (small buffers)
+  replyRing @8 :Bool;      # the worker knows `replyRing` (replies through shared memory)
 }
 
 struct GetInfo {
@@ -432,6 +433,10 @@ struct Request {
     frame @30 :FrameReport;        # frame agents only; seq != 0 asks for a FrameDecision
     frames @31 :FramesOp;          # control connections only: `gmux frames`
     admin @32 :AdminOp;            # control connections only: `gmux usage`, `gmux tenant`
+    replyRing @33 :UInt64;         # local sessions: the capacity of the ring whose memfd comes
+                                   # with the request; once answered (on the socket), every
+                                   # later frame to the client goes through it
+                                   # (docs/protocol.md, "Replies through shared memory")
   }
 }
 

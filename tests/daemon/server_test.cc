@@ -3,6 +3,9 @@
 // daemon keeps serving the others throughout.
 #include "daemon/server.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -17,6 +20,8 @@
 #include <fstream>
 #include <string>
 #include <thread>
+
+#include "proto/shm_ring.h"
 
 namespace gmux::daemon {
 namespace {
@@ -99,6 +104,19 @@ class RawClient {
     if (!m.ok() || !m->root<wire::Reply>().isHello()) return false;
     return m->root<wire::Reply>().getHello().getDataFrames();
   }
+
+  // Asks for replies through the ring of `capacity` bytes on `memfd` (-1: none passed) and
+  // returns the status of the answer, which comes on the socket.
+  int32_t ReplyRing(int memfd, uint64_t capacity) {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Request>();
+    r.setSeq(next_seq_++);
+    r.setReplyRing(capacity);
+    if (!proto::WriteFrame(fd_, proto::FrameKind::kRequest, b, {}, memfd).ok()) return INT32_MIN;
+    auto m = Read();
+    return m.ok() ? m->root<wire::Reply>().getStatus() : INT32_MIN;
+  }
+  uint64_t NextSeq() { return next_seq_++; }
 
   int32_t Hello(uint32_t version = proto::kProtocolVersion) {
     capnp::MallocMessageBuilder b;
@@ -619,6 +637,94 @@ TEST_F(ServerTest, AReadSentFromItsBufferKeepsItsBytesWhenTheClientIsSlow) {
   Sink second;
   ASSERT_NO_FATAL_FAILURE(read_all(second));
   EXPECT_TRUE(second.bytes == b) << "the write after the read did not land";
+}
+
+TEST_F(ServerTest, RepliesComeThroughTheRingAndABrokenRingEndsOnlyItsSession) {
+  RawClient a(socket());
+  RawClient b(socket());
+  ASSERT_EQ(a.Hello(), 0);
+  ASSERT_EQ(b.Hello(), 0);
+  int memfd = -1;
+  auto ring = proto::ShmRing::CreateConsumer(proto::kRingMinBytes, a.fd(), &memfd);
+  ASSERT_TRUE(ring.ok()) << ring.status().message();
+  const int spare = ::dup(memfd);  // the client's own second view, to break the ring with
+  ASSERT_EQ(a.ReplyRing(memfd, proto::kRingMinBytes), 0);
+  ::close(memfd);
+  proto::FrameReader replies(a.fd(), proto::FrameKind::kReply, {});
+  replies.ReadFromRing(ring->get());
+  // An answer, an unasked error and a refused second ring all come through the ring now, in
+  // order.
+  {
+    capnp::MallocMessageBuilder m;
+    auto rel = m.initRoot<wire::Request>().initRelease();  // no seq: its error comes unasked
+    rel.setKind(wire::ObjectKind::CONTEXT);
+    rel.setId(424242);
+    ASSERT_TRUE(a.Send(m).ok());
+  }
+  {
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Request>().setStats();
+    m.getRoot<wire::Request>().setSeq(a.NextSeq());
+    ASSERT_TRUE(a.Send(m).ok());
+  }
+  int again = -1;
+  auto second = proto::ShmRing::CreateConsumer(proto::kRingMinBytes, a.fd(), &again);
+  ASSERT_TRUE(second.ok());
+  {
+    capnp::MallocMessageBuilder m;
+    auto r = m.initRoot<wire::Request>();
+    r.setSeq(a.NextSeq());
+    r.setReplyRing(proto::kRingMinBytes);
+    ASSERT_TRUE(proto::WriteFrame(a.fd(), proto::FrameKind::kRequest, m, {}, again).ok());
+    ::close(again);
+  }
+  auto unasked = replies.Next(nullptr);
+  ASSERT_TRUE(unasked.ok()) << unasked.status().message();
+  EXPECT_EQ(unasked->root<wire::Reply>().getSeq(), 0u);
+  EXPECT_EQ(unasked->root<wire::Reply>().getStatus(), CL_INVALID_VALUE);
+  auto stats = replies.Next(nullptr);
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_TRUE(stats->root<wire::Reply>().isStats());
+  auto refused = replies.Next(nullptr);
+  ASSERT_TRUE(refused.ok()) << refused.status().message();
+  EXPECT_EQ(refused->root<wire::Reply>().getStatus(), CL_INVALID_OPERATION);
+  // The client moves its read position past what was written: the worker ends the session at
+  // its next reply, and serves the other client as before.
+  void* p = ::mmap(nullptr, proto::kRingHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, spare,
+                   0);
+  ASSERT_NE(p, MAP_FAILED);
+  const uint64_t bogus = 1ull << 40;
+  std::memcpy(static_cast<uint8_t*>(p) + 128, &bogus, sizeof(bogus));
+  {
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Request>().setStats();
+    m.getRoot<wire::Request>().setSeq(a.NextSeq());
+    ASSERT_TRUE(a.Send(m).ok());
+  }
+  char byte;
+  ssize_t got;
+  while ((got = ::recv(a.fd(), &byte, 1, 0)) > 0) {
+  }
+  EXPECT_EQ(got, 0);  // the end of the stream, not the 20 s timeout
+  ::munmap(p, proto::kRingHeaderBytes);
+  ::close(spare);
+  EXPECT_EQ(b.CreateContext(1), 0);
+  EXPECT_EQ(b.CreateQueue(2, 1), 0);
+}
+
+TEST_F(ServerTest, RingsTheWorkerCannotTrustAreRefused) {
+  RawClient c(socket());
+  ASSERT_EQ(c.Hello(), 0);
+  EXPECT_EQ(c.ReplyRing(-1, proto::kRingMinBytes), CL_INVALID_VALUE);  // no memfd
+  int fd = ::memfd_create("ring", MFD_ALLOW_SEALING);  // not sealed: could be shrunk
+  ASSERT_EQ(::ftruncate(fd, proto::kRingHeaderBytes + proto::kRingMinBytes), 0);
+  EXPECT_EQ(c.ReplyRing(fd, proto::kRingMinBytes), CL_INVALID_VALUE);
+  ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  EXPECT_EQ(c.ReplyRing(fd, proto::kRingMinBytes * 2), CL_INVALID_VALUE);  // smaller than said
+  EXPECT_EQ(c.ReplyRing(fd, proto::kRingMinBytes + 8), CL_INVALID_VALUE);  // not a power of 2
+  ::close(fd);
+  // Still served on the socket.
+  EXPECT_EQ(c.CreateContext(1), 0);
 }
 
 TEST_F(ServerTest, ClientsDyingMidTransferLeakNothing) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <set>
 #include <string>
@@ -53,6 +54,45 @@ constexpr const char* kSlowKernel = R"(
       for (uint i = 0; i < n; ++i) acc = acc * 1664525u + 1013904223u;
       x[get_global_id(0)] = acc;
     })";
+
+// Replies come through a ring of shared memory where the session may use shared memory at all
+// (docs/protocol.md, "Replies through shared memory"); every test of this file then reads its
+// replies, read data and errors through it in those builds, and through the socket in the
+// others. Small reads of many sizes, each a reply, cross the ring's wrap many times.
+TEST(TransfersTest, RepliesComeThroughSharedMemoryWhereTheSessionMayUseIt) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  bool ring = false;
+  {
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) {
+      if (line.find("memfd:gmux-replies") != std::string::npos) ring = true;
+    }
+  }
+  EXPECT_EQ(ring, !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") && !EnvIs("GMUX_REPLY_RING", "0"));
+  cl_int err;
+  constexpr size_t kWords = 16384;  // 64 KiB: reads of it come as a reply each
+  auto src = Pattern(kWords, 5);
+  cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, kWords * 4,
+                            src.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  size_t total = 0;
+  for (size_t round = 0; total < (3u << 20); ++round) {
+    const size_t words = 1 + (round * 7919) % (kWords - 1);
+    const size_t at = (round * 104729) % (kWords - words + 1);
+    std::vector<uint32_t> back(words, 0);
+    // With an event, so the worker answers it (not the client's copy from shared memory).
+    cl_event ev = nullptr;
+    ASSERT_EQ(clEnqueueReadBuffer(d.queue, m, CL_TRUE, at * 4, words * 4, back.data(), 0,
+                                  nullptr, &ev),
+              CL_SUCCESS);
+    clReleaseEvent(ev);
+    ASSERT_TRUE(std::equal(back.begin(), back.end(), src.begin() + static_cast<long>(at)))
+        << "round " << round;
+    total += words * 4;
+  }
+  clReleaseMemObject(m);
+}
 
 TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
   ClDevice d;

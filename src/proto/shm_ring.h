@@ -1,0 +1,102 @@
+// ShmRing: a byte stream in shared memory from one process to another, which replaces a local
+// session's socket for the worker's frames to the client (docs/protocol.md, "Replies through
+// shared memory").
+//
+// A blocking call's reply through a socket costs the worker a sendmsg and the client a recvmsg
+// (and, while it spins for the reply, a poll per turn). Through the ring the worker copies the
+// frame into memory the client maps and the spinning client sees it there: no system call on
+// either side. Only a client that sleeps is woken, by a doorbell: one byte on the session's
+// socket, which the client waits on in poll() (so a worker that dies is noticed at once, as
+// before: the socket closes). The stream's bytes are the frames the socket would have carried,
+// in the same order; nothing but doorbells travels the socket in that direction afterwards.
+//
+// The client (consumer) creates the ring: a memfd of kRingHeaderBytes + capacity, sealed against
+// shrinking and growing, passed to the worker with a `replyRing` request. The header holds the
+// positions and wake-up flags, each on its own cache line:
+//
+//   0    u64 magic (kRingMagic), u64 capacity (written by the client; the worker ignores both)
+//   64   u64 head: bytes written so far (the producer's; release on write)
+//   128  u64 tail: bytes read so far (the consumer's)
+//   192  u32 consumer_sleeping: the consumer is about to wait on the socket (doorbell wanted)
+//   256  u32 producer_waiting, u32 space_seq: the producer waits for room (futex on space_seq)
+//
+// The bytes of stream offset x lie at kRingHeaderBytes + (x mod capacity). The producer never
+// reads its own head back from shared memory (its private count is the truth) and checks the
+// consumer's tail against it: a tail behind the bytes read or ahead of those written is a
+// broken ring (kDataLoss), which ends the session, never faults the worker. The consumer trusts
+// the producer (the worker serves it) but still checks, and reports kDataLoss.
+//
+// Threads: one producer thread at a time (the callers serialize writers, as for a socket), one
+// consumer thread at a time; Close() from any thread.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+
+namespace gmux::proto {
+
+inline constexpr uint64_t kRingMagic = 0x31474E4952584D47ull;  // "GMXRING1"
+inline constexpr size_t kRingHeaderBytes = 4096;
+inline constexpr size_t kRingMinBytes = 64u << 10;
+inline constexpr size_t kRingMaxBytes = 16u << 20;
+
+class ShmRing {
+ public:
+  // The consumer's end: creates the memfd (capacity a power of two within [kRingMinBytes,
+  // kRingMaxBytes]) and maps it. `*pass_fd` receives the descriptor to send with the
+  // `replyRing` request (the caller closes it once sent). `socket` is where doorbells arrive.
+  static Result<std::unique_ptr<ShmRing>> CreateConsumer(size_t capacity, int socket,
+                                                         int* pass_fd);
+  // The producer's end over the client's memfd `fd` (consumed): checked to be a sealed memfd of
+  // at least kRingHeaderBytes + `capacity` bytes, `capacity` a power of two within the bounds,
+  // the positions at 0. Doorbells go to `socket`.
+  static Result<std::unique_ptr<ShmRing>> OpenProducer(int fd, size_t capacity, int socket);
+  ~ShmRing();
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
+
+  size_t capacity() const { return capacity_; }
+
+  // Producer. Copies what fits of iov[*first...] into the ring (advancing *first and the partly
+  // written entry, as a socket send would) and rings the doorbell if the consumer sleeps.
+  // `wait_until`: waits for room until then (time_point::max(): until everything is written or
+  // the ring is closed); with `wait_until` in the past, writes what fits now. kDataLoss for a
+  // broken ring, kUnavailable once closed.
+  Status Write(iovec* iov, size_t count, size_t* first,
+               std::chrono::steady_clock::time_point wait_until);
+  // Ends the producer's waits now and for good (the session closes).
+  void Close();
+
+  // Consumer. Copies up to `n` available bytes to `to` (null: drops them) and returns how many
+  // (0: nothing there). kDataLoss for a broken ring.
+  Result<size_t> Read(uint8_t* to, size_t n);
+  // Whether bytes are there to read.
+  bool Readable() const;
+  // Waits for bytes: true when there are some; false when `timeout_ms` (-1: none) passed, or
+  // the socket says the producer is gone (`*closed` then true; what it wrote before is still
+  // readable). Drains doorbells.
+  bool WaitReadable(int timeout_ms, bool* closed);
+
+ private:
+  struct Header;
+  ShmRing() = default;
+  Header* header() const { return reinterpret_cast<Header*>(map_); }
+  uint8_t* data() const { return static_cast<uint8_t*>(map_) + kRingHeaderBytes; }
+  void Doorbell();
+
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  size_t capacity_ = 0;
+  int socket_ = -1;      // not owned
+  uint64_t position_ = 0;  // the producer's head, or the consumer's tail: never read back
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace gmux::proto
