@@ -49,6 +49,8 @@ TEST(ToolsTest, GmuxBenchRunsEndToEndWithSmallSizes) {
     EXPECT_GT(j["launch_us"][p]["p50"].get<double>(), 0) << p;
     EXPECT_GE(j["launch_us"][p]["p99"].get<double>(), j["launch_us"][p]["p50"].get<double>());
     EXPECT_GT(j["pipelined_per_s"][p].get<double>(), 0) << p;
+    EXPECT_GE(j["idle_finish_us"][p]["p99"].get<double>(),
+              j["idle_finish_us"][p]["p50"].get<double>()) << p;
     EXPECT_GT(j["matmul_ms"][p].get<double>(), 0) << p;
   }
   ASSERT_EQ(j["transfers"].size(), 2u);

@@ -314,6 +314,20 @@ std::vector<double> WorkGroupQueryUs(Dev& d, int n) {
   return us;
 }
 
+// clFinish on a queue with nothing in it, as a program calls it to be sure: microseconds per
+// call, one sample per call. Natively next to nothing; through gmux one request and its answer
+// with no device work behind it, so it is what the remoting itself adds to a blocking call.
+std::vector<double> IdleFinishUs(Dev& d, int n) {
+  Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish");
+  std::vector<double> us;
+  for (int i = 0; i < n; ++i) {
+    auto s = Clock::now();
+    Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish");
+    us.push_back(Seconds(Clock::now() - s) * 1e6);
+  }
+  return us;
+}
+
 // One 64-byte ping-pong with another process over a Unix socket pair: microseconds, p50.
 double SocketRoundTripUs(int n) {
   int sv[2];
@@ -520,13 +534,21 @@ int RunBench(const BenchOptions& o) {
   out["socket_round_trip_us"] = rtt;
   try {
     // Each workload alternates the platforms `repeat` times; the median run is reported.
-    std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2], wgq[2];
+    std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2], wgq[2], idle50[2],
+        idle99[2];
     Dev* devs[2] = {&nat, &gm};
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) {
         auto us = LaunchLatencies(*devs[i], launches);
         p50[i].push_back(Percentile(us, 0.5));
         p99[i].push_back(Percentile(us, 0.99));
+      }
+    }
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        auto us = IdleFinishUs(*devs[i], launches * 5);
+        idle50[i].push_back(Percentile(us, 0.5));
+        idle99[i].push_back(Percentile(us, 0.99));
       }
     }
     for (int r = 0; r < repeat; ++r) {
@@ -548,6 +570,7 @@ int RunBench(const BenchOptions& o) {
     const char* names[2] = {"native", "gmux"};
     for (int i = 0; i < 2; ++i) {
       out["launch_us"][names[i]] = {{"p50", Median(p50[i])}, {"p99", Median(p99[i])}};
+      out["idle_finish_us"][names[i]] = {{"p50", Median(idle50[i])}, {"p99", Median(idle99[i])}};
       out["pipelined_per_s"][names[i]] = Median(rate[i]);
       out["matmul_ms"][names[i]] = Median(mms[i]);
       out["matmul_n"] = mm;
@@ -603,6 +626,11 @@ int RunBench(const BenchOptions& o) {
           std::to_string(rtt > 0 ? (lg - ln) / rtt : 0).substr(0, 4) + " round trips; <= 1");
   const double qn = out["launch_us"]["native"]["p99"], qg = out["launch_us"]["gmux"]["p99"];
   row("blocking launch + clFinish p99 (us)", qn, qg, qg / qn, "");
+  const double fn = out["idle_finish_us"]["native"]["p50"];
+  const double fg = out["idle_finish_us"]["gmux"]["p50"];
+  row("clFinish of an idle queue p50 (us)", fn, fg, fn > 0 ? fg / fn : 0,
+      "the call itself: " + std::to_string(rtt > 0 ? (fg - fn) / rtt : 0).substr(0, 4) +
+          " round trips");
   const double rn = out["pipelined_per_s"]["native"], rg = out["pipelined_per_s"]["gmux"];
   row("pipelined launches (1/s)", rn, rg, rg / rn, ">= 0.5");
   for (const auto& t : out["transfers"]) {
