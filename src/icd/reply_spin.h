@@ -1,5 +1,6 @@
 // How an application thread waits for the daemon's reply to a blocking call: polling the socket
-// for a short while, yielding the CPU between polls, before sleeping in the kernel.
+// (or looking at the reply ring in shared memory, proto/shm_ring.h) for a short while, yielding
+// the CPU between looks, before sleeping in the kernel.
 //
 // A blocking call's reply often comes within tens of microseconds (a small launch and
 // `clFinish`). Sleeping for it costs the waking side a cross-CPU wake-up and the sleeper a
