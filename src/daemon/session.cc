@@ -1,5 +1,7 @@
 #include "daemon/session.h"
 
+#include "common/sealed_memfd.h"
+
 #include "daemon/remote_copy.h"
 
 #include "proto/image_layout.h"
@@ -11,12 +13,10 @@
 
 #include <fcntl.h>
 #include <ftw.h>
-#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -280,19 +280,7 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size, b
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-    return InvalidArgument("shared memory must be a memfd sealed against shrinking");
-  }
-  // A huge-page memfd can fault (SIGBUS) even sealed, when its pages are not reserved.
-  struct statfs fs{};
-  if (::fstatfs(fd, &fs) != 0 || fs.f_type == HUGETLBFS_MAGIC) {
-    return InvalidArgument("shared memory must not be on huge pages");
-  }
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < size) {
-    return InvalidArgument("shared memory is smaller than the transfer");
-  }
+  GMUX_RETURN_IF_ERROR(CheckSealedMemfd(fd, size, "shared memory", "the transfer"));
   auto b = std::shared_ptr<HostBuffer>(new HostBuffer());
   b->size_ = size;
   if (size > 0) {

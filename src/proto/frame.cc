@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace gmux::proto {
 namespace {
@@ -537,11 +538,8 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
     begin_ = 0;
   }
   const uint64_t from = offset_ + buffered();
-  if (!wait && expect_quiet_) {
-    expect_quiet_ = false;
-    return false;  // as if the read found nothing: the caller waits next
-  }
-  expect_quiet_ = false;
+  // As if the read found nothing: the caller waits next.
+  if (std::exchange(expect_quiet_, false) && !wait) return false;
   // Waiting comes only after a read without waiting found nothing (Next): straight to poll.
   Result<size_t> r = RecvFrom(fd_, ring_, buf_.data() + end_, buf_.size() - end_,
                               wait ? Wait::kPollFirst : Wait::kNo, timeout_ms_,

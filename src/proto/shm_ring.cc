@@ -1,14 +1,13 @@
 #include "proto/shm_ring.h"
 
+#include "common/sealed_memfd.h"
+
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <linux/magic.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,19 +97,8 @@ Result<std::unique_ptr<ShmRing>> ShmRing::OpenProducer(int fd, size_t capacity, 
                            " bytes: a power of two from " + std::to_string(kRingMinBytes) +
                            " to " + std::to_string(kRingMaxBytes) + " expected");
   }
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-    return InvalidArgument("reply ring must be a memfd sealed against shrinking");
-  }
-  struct statfs fs{};
-  if (::fstatfs(fd, &fs) != 0 || fs.f_type == HUGETLBFS_MAGIC) {
-    return InvalidArgument("reply ring must not be on huge pages");
-  }
   const size_t bytes = kRingHeaderBytes + capacity;
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < bytes) {
-    return InvalidArgument("reply ring memfd is smaller than its capacity");
-  }
+  GMUX_RETURN_IF_ERROR(CheckSealedMemfd(fd, bytes, "reply ring", "its capacity"));
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return ResourceExhausted(Failed("mmap reply ring"));
   auto r = std::unique_ptr<ShmRing>(new ShmRing());
@@ -189,7 +177,6 @@ Status ShmRing::Write(iovec* iov, size_t count, size_t* first,
 
 void ShmRing::Close() {
   closed_ = true;
-  if (map_ == nullptr) return;
   header()->space_seq.fetch_add(1);
   FutexWakeAll(&header()->space_seq);
 }

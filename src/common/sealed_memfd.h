@@ -1,0 +1,19 @@
+// The checks before a process maps memory an untrusted peer passed it as a file descriptor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace gmux {
+
+// Whether `fd` may be mapped for `bytes` bytes without the peer being able to make the mapping
+// fault: a memfd sealed against shrinking (a shrunk file turns the mapping's pages into SIGBUS),
+// not on huge pages (which fault even sealed when their pages are not reserved), at least
+// `bytes` long. kInvalidArgument otherwise: "<what> must be ..." / "<what> is smaller than
+// <size_name>". Does not take the descriptor.
+Status CheckSealedMemfd(int fd, uint64_t bytes, const std::string& what,
+                        const std::string& size_name);
+
+}  // namespace gmux
