@@ -255,31 +255,17 @@ int RunShell(const std::string& cmd, std::string& out) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-}  // namespace gmux::testing
-
-int main(int argc, char** argv) {
+int RunRuntimeTests(int argc, char** argv, const Variant& variant) {
   ::testing::InitGoogleTest(&argc, argv);
-#ifdef GMUX_TEST_NO_SHM
-  ::setenv("GMUX_SHM", "0", 1);
-#endif
-#ifdef GMUX_TEST_NO_DATA_FRAMES
-  ::setenv("GMUX_DATA_FRAMES", "0", 1);
-#endif
-#ifdef GMUX_TEST_NO_REMOTE
-  ::setenv("GMUX_REMOTE_COPY", "0", 1);
-#endif
-#ifdef GMUX_TEST_NO_STORAGE
-  ::setenv("GMUX_BUFFER_STORAGE", "0", 1);
-#endif
-#ifdef GMUX_TEST_NO_DAEMON
-  gmux::testing::RuntimeEnv::start_daemon = false;
-#endif
-#ifdef GMUX_TEST_TCP
-  gmux::testing::RuntimeEnv::tcp = true;
-#endif
-#ifdef GMUX_TEST_TLS
-  gmux::testing::RuntimeEnv::tls = true;
-#endif
-  ::testing::AddGlobalTestEnvironment(new gmux::testing::DaemonEnvironment());
+  if (variant.no_shm) ::setenv("GMUX_SHM", "0", 1);
+  if (variant.no_data_frames) ::setenv("GMUX_DATA_FRAMES", "0", 1);
+  if (variant.no_remote) ::setenv("GMUX_REMOTE_COPY", "0", 1);
+  if (variant.no_storage) ::setenv("GMUX_BUFFER_STORAGE", "0", 1);
+  if (variant.no_daemon) RuntimeEnv::start_daemon = false;
+  RuntimeEnv::tcp = variant.tcp;
+  RuntimeEnv::tls = variant.tls;
+  ::testing::AddGlobalTestEnvironment(new DaemonEnvironment());
   return RUN_ALL_TESTS();
 }
+
+}  // namespace gmux::testing

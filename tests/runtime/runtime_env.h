@@ -31,6 +31,22 @@ struct RuntimeEnv {
   static int tcp_port;
 };
 
+// What one test executable varies: its name's parts (tests/runtime/CMakeLists.txt) become these
+// flags in its runtime_main.cc, the only file compiled once per executable besides its tests.
+struct Variant {
+  bool no_shm = false;          // "inline": GMUX_SHM=0
+  bool no_data_frames = false;  // "messages": GMUX_DATA_FRAMES=0
+  bool no_remote = false;       // "transfers_shm": GMUX_REMOTE_COPY=0
+  bool no_storage = false;      // "transfers_copy", "map_shm_copy": GMUX_BUFFER_STORAGE=0
+  bool no_daemon = false;       // the test starts its own daemons
+  bool tcp = false;             // RuntimeEnv::tcp
+  bool tls = false;             // RuntimeEnv::tls
+};
+
+// The main() of every runtime test executable: sets the variant's environment and runs the
+// tests with the daemon's environment (RuntimeEnv).
+int RunRuntimeTests(int argc, char** argv, const Variant& variant);
+
 inline const char* kTcpToken = "test-token-7f3a";
 inline const char* kTcpTenant = "tcp-tenant";
 
