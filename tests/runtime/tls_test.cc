@@ -68,12 +68,24 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// One PKI for the whole suite (a handful of openssl runs).
+// One PKI for the whole suite (a handful of openssl runs), removed when the process that made
+// it exits (not by a forked child that exits through exit()).
+struct PkiDir {
+  std::string path;
+  pid_t owner = ::getpid();
+  ~PkiDir() {
+    std::error_code ec;
+    if (!path.empty() && ::getpid() == owner) std::filesystem::remove_all(path, ec);
+  }
+};
+
 const TestPki& Pki() {
   static TestPki pki;
+  static PkiDir dir;
   static std::string error = [] {
     char tmpl[] = "/tmp/gmux-pki-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) return std::string("mkdtemp failed");
+    dir.path = tmpl;
     return MakeTestPki(tmpl, &pki);
   }();
   EXPECT_EQ(error, "");
