@@ -328,7 +328,7 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
         *d, {"socket", "socket_mode", "listen", "max_sessions", "max_bulk_bytes_per_session",
              "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
-             "worker_user", "spare_workers", "state_dir", "express_dispatch", "memory_bytes",
+             "worker_user", "spare_workers", "worker_spin_us", "state_dir", "express_dispatch", "memory_bytes",
              "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch", "metrics_listen",
              "ledger", "ledger_interval_s", "log_level", "auth_failures", "auth_block_s",
              "tls_cert", "tls_key", "tls_client_ca", "plain_tcp"}));
@@ -388,6 +388,8 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
     GMUX_ASSIGN_OR_RETURN(o.worker_user, doc.String(*d, "worker_user", "nobody"));
     GMUX_ASSIGN_OR_RETURN(int64_t sw, doc.Integer(*d, "spare_workers", 1, 0, 64));
     o.spare_workers = static_cast<uint32_t>(sw);
+    GMUX_ASSIGN_OR_RETURN(int64_t spin, doc.Integer(*d, "worker_spin_us", 100, 0, 10000));
+    o.worker_spin_us = static_cast<uint32_t>(spin);
     GMUX_ASSIGN_OR_RETURN(o.state_dir, doc.String(*d, "state_dir", ""));
     GMUX_ASSIGN_OR_RETURN(o.socket_path, doc.String(*d, "socket", ""));
     GMUX_ASSIGN_OR_RETURN(o.listen, doc.String(*d, "listen", ""));

@@ -167,6 +167,9 @@ struct DaemonOptions {
   std::string worker_path;                      // empty: gmux-worker beside gmuxd
   std::string worker_user = "nobody";           // TCP tenants' workers (when run as root)
   uint32_t spare_workers = 1;                   // started ahead, per uid, for fast connects
+  // How long a worker's session thread stays awake for its client's next request after it
+  // answered a blocking call, in µs (proto/spin_wait.h); 0: it sleeps at once.
+  uint32_t worker_spin_us = 100;
   std::string state_dir;                        // empty: "gmux-state" beside the socket
   TenantLimits limits;                          // [limits]: every tenant's defaults
   uint64_t max_bulk_bytes_per_session = 2ull << 30;  // staged upload bytes one session may hold

@@ -120,7 +120,9 @@ struct Assign {
   uint64_t probe = 0;
   uint64_t probe_cookie = 0;
   uint32_t data_frames = 0;  // 1: the client reads a read's data as data frames (proto/frame.h)
-  uint32_t reserved = 0;
+  // µs the session thread stays awake for the next request after answering a blocking call
+  // (gmuxd's worker_spin_us; proto/spin_wait.h).
+  uint32_t spin_us = 0;
 };
 
 struct Ready {

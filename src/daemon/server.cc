@@ -1341,6 +1341,7 @@ void Server::Assign(std::unique_ptr<Pending> p, Spawned w) {
   std::strncpy(a.tenant_name, p->tenant.name.c_str(), sizeof(a.tenant_name) - 1);
   a.pool_mask = pool_mask_;
   a.data_frames = p->data_frames ? 1 : 0;
+  a.spin_us = options_.worker_spin_us;
   if (!p->tcp) {
     a.peer_pid = static_cast<uint32_t>(p->pid);
     a.probe = p->probe;

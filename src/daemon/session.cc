@@ -5,6 +5,7 @@
 #include "daemon/remote_copy.h"
 
 #include "proto/image_layout.h"
+#include "proto/spin_wait.h"
 
 #include "daemon/kernel_scan.h"
 #include "daemon/splitter.h"
@@ -925,6 +926,11 @@ void Session::BulkSink::Placed(const proto::DataFrame& f, bool complete) {
 Status Session::Serve() {
   proto::FrameReader reader(core_->fd, proto::FrameKind::kRequest, core_->limits);
   reader.SetDataSink(&bulk_sink_);
+  // A client that makes blocking calls in a loop sends its next request within microseconds of
+  // the answer: staying awake for it saves the wake-up (docs/policies.md, "A worker that waits
+  // awake").
+  proto::SpinWait spin = proto::SpinWait::ForThisThread(std::chrono::microseconds(core_->spin_us));
+  reader.SpinAfterAnswers(&spin);
   for (;;) {
     if (passed_fd_ >= 0) ::close(passed_fd_);  // a descriptor no request took
     passed_fd_ = -1;

@@ -103,6 +103,7 @@ struct SessionCore {
   // Set when the worker may copy straight from and to the client's memory (remote_copy.h).
   std::shared_ptr<RemoteCopier> remote;
   bool data_frames = false;  // the client reads a read's data as data frames (proto/frame.h)
+  uint32_t spin_us = 0;  // awake for the next request after a blocking call's answer (µs)
   proto::FrameLimits limits;
   std::atomic<bool> closed{false};
   std::atomic<uint64_t> bulk_bytes{0};  // staged upload/download bytes held for this session

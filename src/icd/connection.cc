@@ -1076,7 +1076,7 @@ void Connection::AwaitReply(std::unique_lock<std::mutex>& lock, uint64_t seq) {
       reading_ = true;
       reader_is_waiter_ = true;
       lock.unlock();
-      // A reply due soon is taken without sleeping (reply_spin.h); one read already is not
+      // A reply due soon is taken without sleeping (proto/spin_wait.h); one read already is not
       // waited for.
       if (!replies_->HasFrame()) {
         if (ring_) {

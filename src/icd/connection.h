@@ -32,7 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "icd/reply_spin.h"
+#include "proto/spin_wait.h"
 #include "proto/frame.h"
 #include "proto/shm_ring.h"
 
@@ -351,7 +351,7 @@ class Connection {
   // receiver thread while requests with callbacks are outstanding and no caller waits.
   bool reading_ = false;
   bool reader_is_waiter_ = false;
-  ReplySpin spin_ = ReplySpin::FromEnvironment();  // used by the waiter that reads
+  proto::SpinWait spin_ = proto::SpinWait::FromEnvironment();  // used by the waiter that reads
   // The replies, read through a buffer: one recvmsg takes a reply whole (header and payload)
   // and every later one already there. Used by the one thread that reads (reading_).
   std::unique_ptr<proto::FrameReader> replies_;

@@ -125,7 +125,8 @@ Result<Message> DecodeFrame(std::span<const uint8_t> bytes, FrameKind kind,
 Result<std::vector<uint8_t>> EncodeFrame(FrameKind kind, capnp::MessageBuilder& message,
                                          const FrameLimits& limits = {});
 
-class ShmRing;  // proto/shm_ring.h
+class ShmRing;   // proto/shm_ring.h
+class SpinWait;  // proto/spin_wait.h
 
 // Where a writer's frames go: the socket, or the shared-memory ring that replaced the socket for
 // the worker's frames to a local client (proto/shm_ring.h; the socket then carries doorbells).
@@ -202,7 +203,14 @@ class FrameReader {
   // read that finds too little buffered waits (in poll) at once rather than first trying a read
   // that would find the socket empty (one system call fewer per blocking call). `before_wait`
   // still runs first; a peer that did send costs a poll that returns at once.
-  void ExpectQuiet() { expect_quiet_ = true; }
+  void ExpectQuiet() {
+    expect_quiet_ = true;
+    spin_next_wait_ = spin_ != nullptr;
+  }
+  // After ExpectQuiet, the next wait first spins by `spin`'s policy (proto/spin_wait.h): the
+  // peer that waited for an answer often sends again within microseconds, and a thread that is
+  // awake takes the request without being woken. Not owned; it outlives the reader's use.
+  void SpinAfterAnswers(SpinWait* spin) { spin_ = spin; }
   // From here on the frames come through `ring` (not owned; it outlives the reader's use) and
   // the socket only rings its doorbell (proto/shm_ring.h). Nothing may be buffered.
   void ReadFromRing(ShmRing* ring) { ring_ = ring; }
@@ -238,6 +246,8 @@ class FrameReader {
   DataSink* sink_ = nullptr;
   ShmRing* ring_ = nullptr;
   bool expect_quiet_ = false;
+  SpinWait* spin_ = nullptr;
+  bool spin_next_wait_ = false;  // set by ExpectQuiet with a spin_, taken by the next wait
 };
 
 }  // namespace gmux::proto

@@ -167,6 +167,21 @@ TEST(DaemonConfigTest, ExpressDispatchIsOnUnlessTurnedOff) {
       << bad.status().message();
 }
 
+TEST(DaemonConfigTest, WorkerSpinIsAHundredMicrosecondsWithinItsBounds) {
+  auto none = ParseDaemonConfig("", "g.toml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->worker_spin_us, 100u);
+  auto off = ParseDaemonConfig("[daemon]\nworker_spin_us = 0\n", "g.toml");
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  EXPECT_EQ(off->worker_spin_us, 0u);
+  for (const char* bad : {"-1", "10001", "\"100\"", "1.5"}) {
+    auto o = ParseDaemonConfig(std::string("[daemon]\nworker_spin_us = ") + bad + "\n", "g.toml");
+    ASSERT_FALSE(o.ok()) << bad;
+    EXPECT_NE(o.status().message().find("worker_spin_us"), std::string::npos)
+        << o.status().message();
+  }
+}
+
 TEST(DaemonConfigTest, ErrorsNameFileLineAndKey) {
   auto o = ParseDaemonConfig("[daemon]\n\ninflight_per_device = 0\n", "conf/gmux.toml");
   ASSERT_FALSE(o.ok());

@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "proto/spin_wait.h"
+
 namespace gmux::proto {
 namespace {
 
@@ -444,6 +446,71 @@ TEST_F(SocketPairTest, ReaderTellsWhetherAWholeFrameIsBuffered) {
   auto bad = reader.Next(nullptr);
   EXPECT_FALSE(bad.ok());
   EXPECT_NE(bad.status().code(), StatusCode::kUnavailable);  // refused, not waited for
+}
+
+TEST_F(SocketPairTest, ReaderSpinsForTheRequestAfterAnAnswerOnlyWhileRequestsComeQuickly) {
+  // The worker's session thread after it answered a blocking call (daemon/session.cc): the next
+  // wait first spins by the SpinWait's policy. What is checked is which waits spun and that
+  // every frame (and its descriptor) arrives, never how long anything took.
+  FrameReader reader(fds_[1], FrameKind::kRequest, {});
+  SpinWait spin(std::chrono::seconds(1), /*cpus=*/2);  // at most kMaxBudget (10 ms)
+  reader.SpinAfterAnswers(&spin);
+  // A wait that follows no answer sleeps at once.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    auto f = SeqFrame(1);
+    ASSERT_EQ(::write(fds_[0], f.data(), f.size()), static_cast<ssize_t>(f.size()));
+  });
+  auto one = reader.Next(nullptr);
+  late.join();
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(spin.spins(), 0u);
+  // After an answer, the request that comes while the reader spins is read by the spin, with the
+  // descriptor sent along with it.
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  reader.ExpectQuiet();
+  std::thread soon([&] { SendWithFd(fds_[0], SeqFrame(2, 24), pipefd[1]); });
+  int fd = -1;
+  auto two = reader.Next(&fd);
+  soon.join();
+  ::close(pipefd[1]);
+  ASSERT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(two->root<wire::Request>().getSeq(), 2u);
+  EXPECT_EQ(spin.spins(), 1u);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "y", 1), 1);
+  char c = 0;
+  ASSERT_EQ(::read(pipefd[0], &c, 1), 1);
+  EXPECT_EQ(c, 'y');
+  ::close(fd);
+  ::close(pipefd[0]);
+  // Requests that come later than the budget after their answers stop the spinning: after
+  // kSlowToStop of them the waits sleep at once. (Each is sent 30 ms after the reader begins to
+  // wait, three times the largest budget; a run so loaded that the reader began later than the
+  // send counts as quick, and the loop goes on.)
+  uint64_t seq = 3;
+  for (int i = 0; i < 20 && spin.WillSpin(); ++i, ++seq) {
+    reader.ExpectQuiet();
+    std::thread slow([&, seq] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      auto f = SeqFrame(seq);
+      ASSERT_EQ(::write(fds_[0], f.data(), f.size()), static_cast<ssize_t>(f.size()));
+    });
+    auto m = reader.Next(nullptr);
+    slow.join();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->root<wire::Request>().getSeq(), seq);
+  }
+  EXPECT_FALSE(spin.WillSpin());
+  const uint64_t spun = spin.spins();
+  // The next answer's wait does not spin; a quick request after it brings the spinning back.
+  reader.ExpectQuiet();
+  auto f = SeqFrame(seq);
+  ASSERT_EQ(::write(fds_[0], f.data(), f.size()), static_cast<ssize_t>(f.size()));
+  ASSERT_TRUE(reader.Next(nullptr).ok());
+  EXPECT_EQ(spin.spins(), spun);
+  EXPECT_TRUE(spin.WillSpin());
 }
 
 TEST_F(SocketPairTest, ReaderWaitsWithinTheSocketsReceiveTimeout) {

@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
   core->limits.max_payload_bytes = a.max_payload_bytes;
   core->pool_mask = a.pool_mask;
   core->data_frames = a.data_frames != 0;
+  core->spin_us = a.spin_us;
   if (!core->tcp && a.probe != 0) {
     std::string why;
     core->remote = RemoteCopier::Open(static_cast<pid_t>(a.peer_pid), a.probe, a.probe_cookie,

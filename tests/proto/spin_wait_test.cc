@@ -1,7 +1,7 @@
-// How a waiting application thread spins for a reply (src/icd/reply_spin.h): on a real socket
+// How a waiting application thread spins for a reply (src/proto/spin_wait.h): on a real socket
 // pair, and the back-off decisions without a clock. No timing thresholds: what is checked is
 // whether a wait spun and whether it saw the reply, never how long it took.
-#include "icd/reply_spin.h"
+#include "proto/spin_wait.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 
-namespace gmux::icd {
+namespace gmux::proto {
 namespace {
 
 using std::chrono::microseconds;
@@ -27,9 +27,9 @@ struct SocketPair {
   int fds[2] = {-1, -1};
 };
 
-TEST(ReplySpinTest, SeesAReplyThatIsThereAndSpinsOutWithoutOne) {
+TEST(SpinWaitTest, SeesAReplyThatIsThereAndSpinsOutWithoutOne) {
   SocketPair s;
-  ReplySpin spin(milliseconds(10), 2);
+  SpinWait spin(milliseconds(10), 2);
   ASSERT_EQ(::write(s.fds[1], "x", 1), 1);
   EXPECT_TRUE(spin.Wait(s.fds[0]));
   spin.Arrived();
@@ -42,37 +42,37 @@ TEST(ReplySpinTest, SeesAReplyThatIsThereAndSpinsOutWithoutOne) {
   EXPECT_EQ(spin.spins(), 2u);
 }
 
-TEST(ReplySpinTest, ReturnsWithoutAReplyOnceTheBudgetIsSpent) {
+TEST(SpinWaitTest, ReturnsWithoutAReplyOnceTheBudgetIsSpent) {
   SocketPair s;
-  ReplySpin spin(microseconds(200), 2);
+  SpinWait spin(microseconds(200), 2);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(spin.Wait(s.fds[0]));
   EXPECT_GE(std::chrono::steady_clock::now() - t0, microseconds(200));
   EXPECT_EQ(spin.spins(), 1u);
 }
 
-TEST(ReplySpinTest, ASocketClosedByThePeerEndsTheSpin) {
+TEST(SpinWaitTest, ASocketClosedByThePeerEndsTheSpin) {
   SocketPair s;
-  ReplySpin spin(ReplySpin::kMaxBudget, 2);
+  SpinWait spin(SpinWait::kMaxBudget, 2);
   ::shutdown(s.fds[1], SHUT_WR);
   EXPECT_TRUE(spin.Wait(s.fds[0]));  // the read then reports the end of the stream
 }
 
-TEST(ReplySpinTest, NeverSpinsWithOneCpuOrANullBudget) {
+TEST(SpinWaitTest, NeverSpinsWithOneCpuOrANullBudget) {
   SocketPair s;
-  ReplySpin one_cpu(milliseconds(1), 1);
+  SpinWait one_cpu(milliseconds(1), 1);
   EXPECT_EQ(one_cpu.budget(), microseconds(0));
   EXPECT_FALSE(one_cpu.WillSpin());
   EXPECT_FALSE(one_cpu.Wait(s.fds[0]));
   EXPECT_EQ(one_cpu.spins(), 0u);
-  ReplySpin off(microseconds(0), 8);
+  SpinWait off(microseconds(0), 8);
   EXPECT_FALSE(off.Wait(s.fds[0]));
   EXPECT_EQ(off.spins(), 0u);
-  EXPECT_EQ(ReplySpin(std::chrono::seconds(5), 2).budget(), ReplySpin::kMaxBudget);
+  EXPECT_EQ(SpinWait(std::chrono::seconds(5), 2).budget(), SpinWait::kMaxBudget);
 }
 
-TEST(ReplySpinTest, SlowRepliesStopTheSpinAndAQuickOneBringsItBack) {
-  ReplySpin spin(microseconds(100), 2);
+TEST(SpinWaitTest, SlowRepliesStopTheSpinAndAQuickOneBringsItBack) {
+  SpinWait spin(microseconds(100), 2);
   const microseconds fast(40), slow(5000);
   spin.Record(fast);
   EXPECT_TRUE(spin.WillSpin());
@@ -99,17 +99,17 @@ TEST(ReplySpinTest, SlowRepliesStopTheSpinAndAQuickOneBringsItBack) {
   EXPECT_EQ(spin.spins(), 1u);
 }
 
-TEST(ReplySpinTest, BudgetFromTheEnvironment) {
+TEST(SpinWaitTest, BudgetFromTheEnvironment) {
   ::setenv("GMUX_SPIN_US", "0", 1);
-  EXPECT_EQ(ReplySpin::FromEnvironment().budget(), microseconds(0));
+  EXPECT_EQ(SpinWait::FromEnvironment().budget(), microseconds(0));
   ::setenv("GMUX_SPIN_US", "250", 1);
-  const auto b = ReplySpin::FromEnvironment().budget();
+  const auto b = SpinWait::FromEnvironment().budget();
   EXPECT_TRUE(b == microseconds(250) || b == microseconds(0));  // 0 on a one-CPU machine
   ::setenv("GMUX_SPIN_US", "lots", 1);
-  const auto d = ReplySpin::FromEnvironment().budget();
-  EXPECT_TRUE(d == ReplySpin::kDefaultBudget || d == microseconds(0));
+  const auto d = SpinWait::FromEnvironment().budget();
+  EXPECT_TRUE(d == SpinWait::kDefaultBudget || d == microseconds(0));
   ::unsetenv("GMUX_SPIN_US");
 }
 
 }  // namespace
-}  // namespace gmux::icd
+}  // namespace gmux::proto

@@ -1,4 +1,4 @@
-#include "icd/reply_spin.h"
+#include "proto/spin_wait.h"
 
 #include <poll.h>
 #include <sched.h>
@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cstdlib>
 
-namespace gmux::icd {
+namespace gmux::proto {
 
-ReplySpin::ReplySpin(std::chrono::microseconds budget, int cpus)
+SpinWait::SpinWait(std::chrono::microseconds budget, int cpus)
     : budget_(cpus < 2 ? std::chrono::microseconds(0)
                        : std::clamp(budget, std::chrono::microseconds(0), kMaxBudget)) {}
 
-ReplySpin ReplySpin::FromEnvironment() {
+SpinWait SpinWait::FromEnvironment() {
   std::chrono::microseconds budget = kDefaultBudget;
   if (const char* s = std::getenv("GMUX_SPIN_US"); s != nullptr && *s != '\0') {
     char* end = nullptr;
@@ -21,14 +21,18 @@ ReplySpin ReplySpin::FromEnvironment() {
       budget = std::chrono::microseconds(std::min<long>(v, kMaxBudget.count()));
     }
   }
+  return ForThisThread(budget);
+}
+
+SpinWait SpinWait::ForThisThread(std::chrono::microseconds budget) {
   int cpus = 1;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
-  return ReplySpin(budget, cpus);
+  return SpinWait(budget, cpus);
 }
 
-bool ReplySpin::Begin() {
+bool SpinWait::Begin() {
   began_ = std::chrono::steady_clock::now();
   waiting_ = true;
   if (!WillSpin()) return false;
@@ -36,22 +40,22 @@ bool ReplySpin::Begin() {
   return true;
 }
 
-void ReplySpin::Yield() { ::sched_yield(); }
+void SpinWait::Yield() { ::sched_yield(); }
 
-bool ReplySpin::Wait(int fd) {
+bool SpinWait::Wait(int fd) {
   return WaitFor([fd] {
     pollfd p{fd, POLLIN, 0};
     return ::poll(&p, 1, 0) != 0;  // readable, or an error the read will report
   });
 }
 
-void ReplySpin::Arrived() {
+void SpinWait::Arrived() {
   if (!waiting_) return;
   waiting_ = false;
   Record(std::chrono::steady_clock::now() - began_);
 }
 
-void ReplySpin::Record(std::chrono::nanoseconds waited) {
+void SpinWait::Record(std::chrono::nanoseconds waited) {
   if (waited <= budget_) {
     slow_ = 0;
   } else if (slow_ < kSlowToStop) {
@@ -59,4 +63,4 @@ void ReplySpin::Record(std::chrono::nanoseconds waited) {
   }
 }
 
-}  // namespace gmux::icd
+}  // namespace gmux::proto

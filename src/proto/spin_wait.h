@@ -1,0 +1,89 @@
+// How a thread waits for its peer's next message when it is likely to come soon: polling the
+// socket (or looking at the reply ring in shared memory, proto/shm_ring.h) for a short while,
+// yielding the CPU between looks, before sleeping in the kernel. Two users:
+//  - an application thread waiting for the reply to a blocking call (the ICD's connection);
+//  - a worker's session thread after it answered a blocking call, waiting for its client's next
+//    request (daemon/session.cc; the budget is gmuxd's `worker_spin_us`).
+//
+// A blocking call's reply often comes within tens of microseconds (a small launch and
+// `clFinish`), and a program that makes blocking calls in a loop sends its next one as soon.
+// Sleeping costs the waking side a cross-CPU wake-up and the sleeper a trip through the
+// scheduler, which on a virtual machine take longer than the work itself: a tiny launch +
+// `clFinish` through gmux took 63-88 us with the client's sleep and 33-44 us with a 100 us spin
+// on a 2-core VM, native PoCL (which sleeps) 26-57 us (docs/performance.md, "Waiting for a reply:
+// a short spin before sleeping"; the worker's side: "A worker that waits awake"). The spin
+// yields between polls (sched_yield), so a thread the host needs the CPU for (the worker's own,
+// on a host with more runnable threads than CPUs) gets it at once: eight clients on two cores
+// were no slower with it than without, while a spin that did not yield doubled their latency.
+// It is the choice CUDA's default (cudaDeviceScheduleAuto) makes: spin while the host has room,
+// yield when it does not.
+//
+// It spins only while messages come within the budget: every wait is timed, spun or not, and
+// after two in a row that took longer (long kernels, large transfers, a program computing
+// between calls) the waits sleep at once until a message comes within the budget again. So a
+// program waiting milliseconds per call spins twice, not on every call; one that alternates
+// quick calls and slower ones spends at most the budget per slower call. A process allowed one
+// CPU never spins (its spinning would only delay the message; counted are the CPUs of the thread
+// that makes the SpinWait, when it makes it). GMUX_SPIN_US sets the application's budget
+// (0: never spin; default 100, at most 10000).
+// Thread-compatible: one thread waits at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace gmux::proto {
+
+class SpinWait {
+ public:
+  static constexpr std::chrono::microseconds kDefaultBudget{100};
+  static constexpr std::chrono::microseconds kMaxBudget{10000};
+  // Replies in a row slower than the budget after which waits no longer spin.
+  static constexpr uint32_t kSlowToStop = 2;
+
+  // `budget` 0: never spins. `cpus`: the CPUs this process may run on.
+  SpinWait(std::chrono::microseconds budget, int cpus);
+  // From GMUX_SPIN_US (a malformed value: the default) and the process's CPU affinity.
+  static SpinWait FromEnvironment();
+  // `budget` and the calling thread's CPU affinity.
+  static SpinWait ForThisThread(std::chrono::microseconds budget);
+
+  // Before sleeping for a reply on `fd`: spins (poll, sched_yield) until `fd` is readable or
+  // the budget is spent, if the policy says it is worth it. True when `fd` became readable.
+  bool Wait(int fd);
+  // The same, spinning until `ready()` (the reply ring has bytes: no system call per turn).
+  template <typename Ready>
+  bool WaitFor(const Ready& ready) {
+    if (!Begin()) return false;
+    const auto until = began_ + budget_;
+    for (;;) {
+      if (ready()) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      Yield();
+    }
+  }
+  // After the reply that Wait() preceded arrived: its time since Wait() began decides whether
+  // the next waits spin.
+  void Arrived();
+
+  // For tests and docs: the budget, whether the next Wait() spins, and the spins so far.
+  std::chrono::microseconds budget() const { return budget_; }
+  bool WillSpin() const { return budget_.count() > 0 && slow_ < kSlowToStop; }
+  uint64_t spins() const { return spins_; }
+
+  // The decision without the clock (tests): a reply took `waited`.
+  void Record(std::chrono::nanoseconds waited);
+
+ private:
+  // Starts a wait's clock; whether it spins.
+  bool Begin();
+  static void Yield();
+
+  std::chrono::microseconds budget_;
+  uint32_t slow_ = 0;  // replies in a row slower than the budget
+  uint64_t spins_ = 0;
+  std::chrono::steady_clock::time_point began_{};
+  bool waiting_ = false;
+};
+
+}  // namespace gmux::proto
