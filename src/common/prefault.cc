@@ -11,7 +11,6 @@ namespace gmux {
 struct Prefaulter::Job {
   uint8_t* base = nullptr;
   size_t end = 0;         // [base, base + end) is left to populate; guarded by mu_
-  bool writable = false;  // touched with a write that changes nothing (private memory)
   bool stop = false;      // guarded by mu_
   std::atomic<bool> stopping{false};  // stop, as the thread reads it between pages
   bool busy = false;      // a chunk of it is being populated; guarded by mu_
@@ -23,7 +22,7 @@ Prefaulter& Prefaulter::Get() {
   return *p;
 }
 
-std::shared_ptr<Prefaulter::Job> Prefaulter::Start(void* map, size_t size, bool writable) {
+std::shared_ptr<Prefaulter::Job> Prefaulter::Start(void* map, size_t size) {
   if (map == nullptr || size == 0) return nullptr;
   std::lock_guard<std::mutex> lock(mu_);
   const pid_t owner = owner_.load(std::memory_order_relaxed);
@@ -41,7 +40,6 @@ std::shared_ptr<Prefaulter::Job> Prefaulter::Start(void* map, size_t size, bool 
   auto job = std::make_shared<Job>();
   job->base = static_cast<uint8_t*>(map);
   job->end = size;
-  job->writable = writable;
   queue_.push_back(job);
   cv_.notify_all();
   return job;
@@ -81,26 +79,6 @@ inline void TouchPage(const uint8_t* p) {
 #endif
 }
 
-// Writes one byte of `p` with what it holds, indivisibly: a write fault, and no byte changed even
-// when another thread (or the kernel, receiving into the page) stores to the same byte at once.
-// Not a compiler's atomic add of zero, which may become a plain load.
-inline void TouchPageForWriting(uint8_t* p) {
-#if defined(__x86_64__)
-  asm volatile("lock addb $0, (%0)" : : "r"(p) : "memory", "cc");
-#elif defined(__aarch64__)
-  uint32_t v, failed;
-  asm volatile(
-      "1: ldxrb %w0, [%2]\n"
-      "   stxrb %w1, %w0, [%2]\n"
-      "   cbnz %w1, 1b\n"
-      : "=&r"(v), "=&r"(failed)
-      : "r"(p)
-      : "memory");
-#else
-  __atomic_fetch_or(p, 0, __ATOMIC_RELAXED);
-#endif
-}
-
 }  // namespace
 
 void Prefaulter::Run() {
@@ -120,23 +98,15 @@ void Prefaulter::Run() {
       // Every page [at, at + n) overlaps, from the last: one byte a page apart, then `at`.
       // A Stop() is seen within a page.
       bool stopped = false;
-      const bool writable = job->writable;
-      auto touch = [writable](uint8_t* p) {
-        if (writable) {
-          TouchPageForWriting(p);
-        } else {
-          TouchPage(p);
-        }
-      };
-      for (uint8_t* q = at + n - 1;; q -= page) {
+      for (const uint8_t* q = at + n - 1;; q -= page) {
         if (job->stopping.load(std::memory_order_relaxed)) {
           stopped = true;
           break;
         }
-        touch(q);
+        TouchPage(q);
         if (static_cast<size_t>(q - at) < page) break;
       }
-      if (!stopped) touch(at);
+      if (!stopped) TouchPage(at);
       // Pages the application touched first fault no more, and a loop in user space is taken
       // off the CPU only at the next tick where preemption is lazy (4 ms at 250 Hz): a system
       // call per chunk lets a waking thread have the CPU at once.

@@ -17,12 +17,6 @@
 // finds no memory is what the application's own touch would meet (SIGBUS under strict
 // overcommit, the OOM killer under a memory cgroup), for a page it might never have touched.
 //
-// Private anonymous memory (a TCP client's buffer in the worker, received into straight from the
-// socket) would map the shared zero page on a read fault, and the write would fault again: such a
-// job (`writable`) touches each page with an atomic add of zero instead (x86 `lock add`, an
-// exclusive load and store pair on arm64), a write fault that changes no byte even while another
-// thread writes the same byte, since the add is indivisible against the other's store.
-//
 // One thread per process, started by the first job and serving them in order. Thread-safe.
 // In a forked child there is no thread: Start() returns null and Stop() returns at once.
 #pragma once
@@ -51,10 +45,8 @@ class Prefaulter {
 
   // Queues [map, map + size) to be faulted in; null when there is no thread to do it. The
   // mapping must be readable, backed by a file at least `size` long (a memfd sealed against
-  // shrinking: a touch past its end would be SIGBUS), and stay mapped until Stop(). With
-  // `writable` the mapping may instead be private and anonymous, and must be writable: each page
-  // is touched with a write that changes nothing (above).
-  std::shared_ptr<Job> Start(void* map, size_t size, bool writable = false);
+  // shrinking: a touch past its end would be SIGBUS), and stay mapped until Stop().
+  std::shared_ptr<Job> Start(void* map, size_t size);
   // Ends `job` (its chunk in progress, if any, is waited for): the mapping may be unmapped
   // after it returns. Null is ignored.
   void Stop(const std::shared_ptr<Job>& job);

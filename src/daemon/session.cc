@@ -295,7 +295,7 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::MapSealed(int fd, size_t size, b
 }
 
 void HostBuffer::FaultInAhead() {
-  if (mapped_ && !prefault_) prefault_ = Prefaulter::Get().Start(data_, size_, private_);
+  if (mapped_ && !prefault_) prefault_ = Prefaulter::Get().Start(data_, size_);
 }
 
 std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, size_t size) {
@@ -320,7 +320,6 @@ std::shared_ptr<HostBuffer> HostBuffer::Anonymous(size_t n) {
   b->data_ = static_cast<uint8_t*>(p);
   b->size_ = n;
   b->mapped_ = true;
-  b->private_ = true;
   return b;
 }
 
@@ -1191,10 +1190,6 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         if (m == nullptr) {  // then as any other buffer
           storage.reset();
           own_storage.reset();
-        } else if (r.getSize() >= Prefaulter::kMinBytes) {
-          // Its first write arrives over the socket at a few GB/s: the prefaulter takes the
-          // page faults from the end meanwhile, as for a local client's buffer.
-          own_storage->FaultInAhead();
         }
       }
       if (m == nullptr) {

@@ -78,7 +78,6 @@ class HostBuffer {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;
-  bool private_ = false;  // Anonymous(): private memory, faulted in ahead by writing
   std::shared_ptr<Prefaulter::Job> prefault_;  // FaultInAhead's
   std::shared_ptr<HostBuffer> whole_;  // views only
 };

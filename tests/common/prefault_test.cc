@@ -149,45 +149,6 @@ TEST(PrefaulterTest, WritesAfterAJobFaultNoMore) {
   EXPECT_GE(MinorFaults() - cold, static_cast<long>(t.size / kPage / 2));
 }
 
-TEST(PrefaulterTest, PrivateMemoryIsFaultedInWritableAndKeepsWhatAWriterPutsThereMeanwhile) {
-  // A TCP client's buffer in the worker: private anonymous memory, received into from its start
-  // while the thread faults it in from its end. A read would map the shared zero page, so the
-  // thread writes each page with what it holds: every byte the writer put there stays, and the
-  // pages are present, mapped writable (the writer's later writes fault no more).
-  const size_t bytes = 32u << 20;
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(p, MAP_FAILED);
-  auto* map = static_cast<uint8_t*>(p);
-  auto job = Prefaulter::Get().Start(map, bytes, /*writable=*/true);
-  ASSERT_NE(job, nullptr);
-  // Meanwhile every byte gets a value of its own, from the start, as a receive would.
-  for (size_t i = 0; i < bytes; i += 4096) {
-    for (size_t j = 0; j < 4096; ++j) map[i + j] = static_cast<uint8_t>((i / 4096) * 7 + j);
-  }
-  EXPECT_TRUE(Prefaulter::Get().Wait(job));
-  for (size_t i = 0; i < bytes; i += 4096) {
-    for (size_t j = 0; j < 4096; ++j) {
-      if (map[i + j] != static_cast<uint8_t>((i / 4096) * 7 + j)) {
-        FAIL() << "byte " << i + j << " lost the value written";
-      }
-    }
-  }
-  // A job over untouched private memory: every page present, and writes then fault no more.
-  void* q = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(q, MAP_FAILED);
-  auto* fresh = static_cast<uint8_t*>(q);
-  auto second = Prefaulter::Get().Start(fresh, bytes, /*writable=*/true);
-  ASSERT_TRUE(Prefaulter::Get().Wait(second));
-  EXPECT_EQ(PresentPages(fresh, bytes), bytes / kPage);
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  const long before = MinorFaults();
-  std::memset(fresh, 0x3c, bytes);
-  EXPECT_LT(MinorFaults() - before, static_cast<long>(bytes / kPage / 16));
-#endif
-  ::munmap(p, bytes);
-  ::munmap(q, bytes);
-}
-
 TEST(PrefaulterTest, AReadOnlyMappingOfAnOddSizeIsFaultedInWhole) {
   // Read-only (the thread never writes) and not a multiple of the page or the chunk: every page
   // of it, the last partial one too.
