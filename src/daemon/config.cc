@@ -328,10 +328,10 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
         *d, {"socket", "socket_mode", "listen", "max_sessions", "max_bulk_bytes_per_session",
              "inflight_per_device", "max_frame_bytes", "handshake_timeout_s", "max_unidentified",
              "max_connections_per_identity", "admin_uids", "admin_tokens", "worker_path",
-             "worker_user", "spare_workers", "worker_spin_us", "state_dir", "express_dispatch", "memory_bytes",
-             "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch", "metrics_listen",
-             "ledger", "ledger_interval_s", "log_level", "auth_failures", "auth_block_s",
-             "tls_cert", "tls_key", "tls_client_ca", "plain_tcp"}));
+             "worker_user", "spare_workers", "worker_spin_us", "state_dir", "express_dispatch",
+             "memory_bytes", "memory_slots", "slot_bytes", "memory_idle_s", "swap_batch",
+             "metrics_listen", "ledger", "ledger_interval_s", "log_level", "auth_failures",
+             "auth_block_s", "tls_cert", "tls_key", "tls_client_ca", "plain_tcp"}));
     GMUX_ASSIGN_OR_RETURN(int64_t af, doc.Integer(*d, "auth_failures", 5, 0, 1000000));
     o.auth_failures = static_cast<uint32_t>(af);
     GMUX_ASSIGN_OR_RETURN(o.auth_block_s, doc.Number(*d, "auth_block_s", 60.0, 0.01));
