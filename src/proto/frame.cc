@@ -541,27 +541,27 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
   const uint64_t from = offset_ + buffered();
   // As if the read found nothing: the caller waits next.
   if (std::exchange(expect_quiet_, false) && !wait) return false;
-  auto on_fd = [&](int passed, size_t bytes) { passed_.push_back({passed, from, from + bytes}); };
-  // The wait after an answer: reads without waiting while the spin's policy allows, each
-  // turn a recvmsg (no poll() before it: one system call per look), then sleeps; the time
-  // until the request came, spun or slept, is the policy's to judge.
-  const bool timed = wait && std::exchange(spin_next_wait_, false) && spin_ != nullptr;
+  auto recv = [&](Wait how) {
+    return RecvFrom(fd_, ring_, buf_.data() + end_, buf_.size() - end_, how, timeout_ms_,
+                    [&](int passed, size_t bytes) {
+                      passed_.push_back({passed, from, from + bytes});
+                    });
+  };
   Result<size_t> r = size_t{0};
-  if (timed) {
-    const bool got = spin_->WaitFor([&] {
-      r = RecvFrom(fd_, ring_, buf_.data() + end_, buf_.size() - end_, Wait::kNo, timeout_ms_,
-                   on_fd);
-      return !r.ok() || *r != kNothingYet;
-    });
-    if (!got) {
-      r = RecvFrom(fd_, ring_, buf_.data() + end_, buf_.size() - end_, Wait::kPollFirst,
-                   timeout_ms_, on_fd);
+  if (wait && std::exchange(spin_next_wait_, false) && spin_ != nullptr) {
+    // The wait after an answer: reads without waiting while the spin's policy allows, each
+    // turn a recvmsg (no poll() before it: one system call per look), then sleeps; the time
+    // until the request came, spun or slept, is the policy's to judge.
+    if (!spin_->WaitFor([&] {
+          r = recv(Wait::kNo);
+          return !r.ok() || *r != kNothingYet;
+        })) {
+      r = recv(Wait::kPollFirst);
     }
     spin_->Arrived();
   } else {
     // Waiting comes only after a read without waiting found nothing (Next): straight to poll.
-    r = RecvFrom(fd_, ring_, buf_.data() + end_, buf_.size() - end_,
-                 wait ? Wait::kPollFirst : Wait::kNo, timeout_ms_, on_fd);
+    r = recv(wait ? Wait::kPollFirst : Wait::kNo);
   }
   if (!r.ok()) {
     error = r.status();

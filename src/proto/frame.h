@@ -205,7 +205,7 @@ class FrameReader {
   // still runs first; a peer that did send costs a poll that returns at once.
   void ExpectQuiet() {
     expect_quiet_ = true;
-    spin_next_wait_ = spin_ != nullptr;
+    spin_next_wait_ = true;
   }
   // After ExpectQuiet, the next wait first spins by `spin`'s policy (proto/spin_wait.h): the
   // peer that waited for an answer often sends again within microseconds, and a thread that is
@@ -247,7 +247,7 @@ class FrameReader {
   ShmRing* ring_ = nullptr;
   bool expect_quiet_ = false;
   SpinWait* spin_ = nullptr;
-  bool spin_next_wait_ = false;  // set by ExpectQuiet with a spin_, taken by the next wait
+  bool spin_next_wait_ = false;  // set by ExpectQuiet, taken by the next wait (with a spin_)
 };
 
 }  // namespace gmux::proto

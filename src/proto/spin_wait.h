@@ -38,7 +38,7 @@ class SpinWait {
  public:
   static constexpr std::chrono::microseconds kDefaultBudget{100};
   static constexpr std::chrono::microseconds kMaxBudget{10000};
-  // Replies in a row slower than the budget after which waits no longer spin.
+  // Messages in a row slower than the budget after which waits no longer spin.
   static constexpr uint32_t kSlowToStop = 2;
 
   // `budget` 0: never spins. `cpus`: the CPUs this process may run on.
@@ -48,10 +48,11 @@ class SpinWait {
   // `budget` and the calling thread's CPU affinity.
   static SpinWait ForThisThread(std::chrono::microseconds budget);
 
-  // Before sleeping for a reply on `fd`: spins (poll, sched_yield) until `fd` is readable or
+  // Before sleeping for a message on `fd`: spins (poll, sched_yield) until `fd` is readable or
   // the budget is spent, if the policy says it is worth it. True when `fd` became readable.
   bool Wait(int fd);
-  // The same, spinning until `ready()` (the reply ring has bytes: no system call per turn).
+  // The same, spinning until `ready()` (say, the reply ring has bytes: no system call per
+  // turn, or a read that found something).
   template <typename Ready>
   bool WaitFor(const Ready& ready) {
     if (!Begin()) return false;
@@ -62,7 +63,7 @@ class SpinWait {
       Yield();
     }
   }
-  // After the reply that Wait() preceded arrived: its time since Wait() began decides whether
+  // After the message that Wait() preceded arrived: its time since Wait() began decides whether
   // the next waits spin.
   void Arrived();
 
@@ -71,7 +72,7 @@ class SpinWait {
   bool WillSpin() const { return budget_.count() > 0 && slow_ < kSlowToStop; }
   uint64_t spins() const { return spins_; }
 
-  // The decision without the clock (tests): a reply took `waited`.
+  // The decision without the clock (tests): a message took `waited`.
   void Record(std::chrono::nanoseconds waited);
 
  private:
@@ -80,7 +81,7 @@ class SpinWait {
   static void Yield();
 
   std::chrono::microseconds budget_;
-  uint32_t slow_ = 0;  // replies in a row slower than the budget
+  uint32_t slow_ = 0;  // messages in a row slower than the budget
   uint64_t spins_ = 0;
   std::chrono::steady_clock::time_point began_{};
   bool waiting_ = false;
