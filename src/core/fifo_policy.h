@@ -28,6 +28,7 @@ class FifoPolicy final : public Policy {
   size_t Pending(TenantId tenant) const override;
   // Neither holds back nor splits: a lone tenant's blocks go out whole, in order.
   bool ExpressOk(TenantId, TimePoint) const override { return true; }
+  bool ExpressSharedOk() const override { return true; }  // Express() records nothing
   // Nothing to account: the policy keeps no state for dispatched blocks.
   void Express(const CommandBlock&, TimePoint) override {}
 

@@ -90,6 +90,9 @@ class Policy {
   // every block `tenant` submits whole, in order, as soon as the device has room (no holding
   // back, no splitting). Policies that may hold back or split a lone tenant keep the default.
   virtual bool ExpressOk(TenantId /*tenant*/, TimePoint /*now*/) const { return false; }
+  // Whether Express() stays exact while the tenant has other blocks pending or expressed, so
+  // that several drivers' channels of one tenant (a tenant's sessions) may hold express at once.
+  virtual bool ExpressSharedOk() const { return false; }
   // Accounts one block the driver dispatched whole by express, as if Submit() had queued it and
   // Pick() had chosen it; it is in flight until Complete(). Precondition: ExpressOk() held when
   // the driver granted express, and `block.tenant` has no block pending in this policy.

@@ -357,10 +357,10 @@ void Scheduler::OnMessage(Worker& w, const ctl::Message& m) {
         // Only the answer to the revoke this worker was sent.
         if (e.device >= devices_.size()) return Drop(w, GoneReason::kMalformed);
         DeviceState& d = devices_[e.device];
-        if (d.express != &w || !d.revoking || e.epoch != d.express_epoch) {
+        if (!Holds(d, w) || !d.revoking || e.epoch != d.express_epoch) {
           return Drop(w, GoneReason::kMalformed);
         }
-        EndExpress(e.device);
+        LeaveExpress(w, e.device);
       }
       return;
     }
@@ -427,7 +427,7 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
     if (r.express != 0) {
       // Started under a grant this worker holds (or is giving back), behind nothing of its own
       // that still waits in the policy: anything else bypassed the scheduler.
-      if (d.express != &w || w.queued_on[r.device] != 0) return Drop(w, GoneReason::kMalformed);
+      if (!Holds(d, w) || w.queued_on[r.device] != 0) return Drop(w, GoneReason::kMalformed);
       // (A holder's tenant leaves the policies only after its last worker is gone.)
       if (t == tenants_.end() || !t->second.in_policy) return Drop(w, GoneReason::kClosed);
       d.last_active[w.tenant] = Now();
@@ -436,8 +436,10 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
     }
     if (t == tenants_.end() || !t->second.in_policy) continue;  // the tenant is leaving
     d.last_active[w.tenant] = Now();
-    if (d.express != nullptr && d.express != &w) {
-      // Someone else's turn on an express device: take the grant back first.
+    if (!d.express.empty() && !Holds(d, w) &&
+        (d.revoking || w.tenant != d.express_tenant || !d.policy->ExpressSharedOk())) {
+      // Another tenant's turn on an express device: take the grant back first. (Another
+      // session of the holders' tenant goes to the policy and joins the grant below.)
       d.held.emplace_back(&w, r);
       if (!d.revoking) Revoke(r.device);
       continue;
@@ -503,38 +505,68 @@ void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
 
 void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
   DeviceState& d = devices_[device];
-  if (!express_enabled_ || d.express != nullptr || !d.held.empty()) return;
+  if (!express_enabled_ || d.revoking || !d.held.empty() || Holds(d, w)) return;
   // Oversubscribed memory: every release goes through the slot layout (PrepareSwitch), which
   // commands a worker starts itself would bypass (docs/policies.md, "Device memory").
   if (d.slots) return;
+  // Several holders only of one tenant, and only where the policy's accounting allows it.
+  const bool shared = d.policy->ExpressSharedOk();
+  if (!d.express.empty() && (w.tenant != d.express_tenant || !shared)) return;
   const TimePoint now = Now();
   for (const auto& [tenant, when] : d.last_active) {
     if (tenant != w.tenant && now - when < kExpressQuiet) return;
   }
   for (const Flight& f : d.inflight) {
-    if (f.worker != &w) return;
+    if (f.worker != &w && (f.tenant != w.tenant || !shared)) return;
   }
   for (const auto& [id, other] : workers_) {
     if (other.get() != &w && !other->dead && other->queued_on[device] != 0) return;
   }
   if (!d.policy->ExpressOk(w.tenant, now)) return;
-  d.express = &w;
-  d.revoking = false;
-  ++d.express_epoch;
-  w.express_out.push_back({device, inflight_limit_, d.express_epoch});
+  if (d.express.empty()) {
+    d.express_tenant = w.tenant;
+    ++d.express_epoch;
+  }
+  d.express.push_back({&w, 0});
+  ShareSlots(device);
+}
+
+void Scheduler::ShareSlots(uint32_t device) {
+  DeviceState& d = devices_[device];
+  // Together the holders have the device's in-flight slots, as one holder alone would (at least
+  // one each: more holders than slots may have one more command each in flight).
+  const uint32_t share =
+      std::max<uint32_t>(1, inflight_limit_ / static_cast<uint32_t>(d.express.size()));
+  for (ExpressHolder& h : d.express) {
+    if (h.slots == share) continue;
+    h.slots = share;
+    h.worker->express_out.push_back({device, share, d.express_epoch});
+  }
+}
+
+bool Scheduler::Holds(const DeviceState& d, const Worker& w) {
+  return std::any_of(d.express.begin(), d.express.end(),
+                     [&](const ExpressHolder& h) { return h.worker == &w; });
+}
+
+void Scheduler::LeaveExpress(Worker& w, uint32_t device) {
+  DeviceState& d = devices_[device];
+  if (std::erase_if(d.express, [&](const ExpressHolder& h) { return h.worker == &w; }) == 0) return;
+  if (d.express.empty()) return EndExpress(device);
+  if (!d.revoking) ShareSlots(device);
 }
 
 void Scheduler::Revoke(uint32_t device) {
   DeviceState& d = devices_[device];
-  if (d.express == nullptr || d.revoking) return;
+  if (d.express.empty() || d.revoking) return;
   d.revoking = true;
   d.revoke_since = Now();
-  d.express->express_out.push_back({device, 0, d.express_epoch});
+  for (ExpressHolder& h : d.express) h.worker->express_out.push_back({device, 0, d.express_epoch});
 }
 
 void Scheduler::EndExpress(uint32_t device) {
   DeviceState& d = devices_[device];
-  d.express = nullptr;
+  d.express.clear();
   d.revoking = false;
   std::vector<std::pair<Worker*, ctl::Ready>> held = std::move(d.held);
   d.held.clear();
@@ -602,7 +634,7 @@ void Scheduler::Drop(Worker& w, GoneReason why) {
   for (uint32_t di = 0; di < devices_.size(); ++di) {
     DeviceState& d = devices_[di];
     std::erase_if(d.held, [&](const auto& h) { return h.first == &w; });
-    if (d.express == &w) EndExpress(di);
+    LeaveExpress(w, di);
     if (d.switching) {
       d.switching->waiting.erase(w.session);  // its data went with its process
       if (d.switching->q.worker == &w) {
@@ -674,19 +706,22 @@ bool Scheduler::EndIfStopped(Worker& w, const char* what) {
 void Scheduler::Watchdog() {
   const TimePoint now = Now();
   for (auto& d : devices_) {
-    if (d.express != nullptr && d.revoking) {
-      Worker& h = *d.express;
-      auto t = tenants_.find(h.tenant);
+    if (!d.express.empty() && d.revoking) {
+      auto t = tenants_.find(d.express_tenant);
       const Duration limit = t != tenants_.end() && t->second.command_time_limit.count() > 0
                                  ? t->second.command_time_limit
                                  : std::chrono::duration_cast<Duration>(kRevokeLimit);
       if (now - d.revoke_since > limit) {
-        spdlog::warn("watchdog: session {} (worker pid {}) did not give back express "
-                     "dispatch within {:.1f} s; ending its session",
-                     static_cast<unsigned long long>(h.session), static_cast<int>(h.pid),
-                     ToSeconds(limit));
-        if (t != tenants_.end()) ++t->second.watchdog_kills;
-        Drop(h, GoneReason::kWatchdog);
+        // Every holder that has not confirmed (dropping one may end the grant: a copy).
+        std::vector<ExpressHolder> late = d.express;
+        for (const ExpressHolder& h : late) {
+          spdlog::warn("watchdog: session {} (worker pid {}) did not give back express "
+                       "dispatch within {:.1f} s; ending its session",
+                       static_cast<unsigned long long>(h.worker->session),
+                       static_cast<int>(h.worker->pid), ToSeconds(limit));
+          if (t != tenants_.end()) ++t->second.watchdog_kills;
+          Drop(*h.worker, GoneReason::kWatchdog);
+        }
       }
     }
     if (d.inflight.empty()) continue;
@@ -828,8 +863,8 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
     for (const Flight& f : d.inflight) {
       if (std::binary_search(sw.victims.begin(), sw.victims.end(), f.tenant)) return false;
     }
-    if (d.express != nullptr &&
-        std::binary_search(sw.victims.begin(), sw.victims.end(), d.express->tenant)) {
+    if (!d.express.empty() &&
+        std::binary_search(sw.victims.begin(), sw.victims.end(), d.express_tenant)) {
       if (!d.revoking) Revoke(di);
       return false;
     }
@@ -966,7 +1001,7 @@ void Scheduler::SlotMonitor() {
       if (d.switching && d.switching->pick.tenant == u) continue;
       bool busy = false;
       for (const Flight& f : d.inflight) busy = busy || f.tenant == u;
-      if (d.express != nullptr && d.express->tenant == u) busy = true;
+      if (!d.express.empty() && d.express_tenant == u) busy = true;
       if (!busy) idle.push_back(u);
     }
     for (TenantId u : idle) AskEvict(di, u, nullptr);
@@ -1191,15 +1226,20 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
   json devs = json::array();
   for (size_t i = 0; i < devices_.size(); ++i) {
     const DeviceState& d = devices_[i];
+    // A tenant sees which sessions hold express only when they are its own.
+    const bool show_express = !d.express.empty() && (!only || d.express_tenant == *only);
+    json holders = json::array();
+    for (const ExpressHolder& h : d.express) {
+      if (show_express) holders.push_back(h.worker->session);
+    }
     devs.push_back(json{{"index", i},
                         {"policy", std::string(d.policy->name())},
                         {"inflight", d.inflight.size()},
                         {"queued_commands", d.queued.size()},
-                        // A tenant sees which session holds express only when it is its own.
                         {"express_session",
-                         d.express != nullptr && (!only || d.express->tenant == *only)
-                             ? json(d.express->session)
-                             : json(nullptr)},
+                         show_express ? json(d.express.front().worker->session)
+                                      : json(nullptr)},
+                        {"express_sessions", holders},
                         {"held_commands", d.held.size()},
                         {"dispatches", d.dispatches},
                         {"busy_s", d.busy_s},

@@ -14,11 +14,13 @@
 // used for kExpressQuiet, and the device's policy says a lone tenant is never held back or split
 // (Policy::ExpressOk), the scheduler grants that worker express on the device (ctl::kExpress):
 // the worker starts its commands itself and reports them as express Ready records, which the
-// scheduler accounts with Policy::Express() and tracks in flight like any release. Work of
-// another worker for that device revokes the grant; it is held here, not given to the policy,
-// until the holder confirms (ctl::kExpressEnd), so the policy never sees two tenants' work while
-// one of them bypasses Pick(). A holder that does not confirm within its command time limit is
-// dropped like a watchdog case.
+// scheduler accounts with Policy::Express() and tracks in flight like any release. Where the
+// policy allows it (Policy::ExpressSharedOk), the tenant's other sessions' workers join the
+// grant as they send work, each with an equal share of the device's in-flight slots. Work of
+// another tenant for that device revokes the grant; it is held here, not given to the policy,
+// until every holder confirms (ctl::kExpressEnd), so the policy never sees two tenants' work
+// while one of them bypasses Pick(). A holder that does not confirm within its command time
+// limit is dropped like a watchdog case.
 //
 // The thread polls every worker's channel and its own mailbox's eventfd, so a release and a
 // completion each cost one wake-up. A worker that closes its channel, sends anything malformed,
@@ -199,6 +201,10 @@ class Scheduler {
     TimePoint asked_at{};                             // when kEvict was sent
     std::vector<TenantId> came_back;  // victims whose data was back only by on-demand restores
   };
+  struct ExpressHolder {
+    Worker* worker = nullptr;
+    uint32_t slots = 0;  // the share it was last sent
+  };
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;
     uint64_t dispatches = 0;
@@ -206,9 +212,11 @@ class Scheduler {
     std::unordered_map<BlockId, Queued> queued;  // in the policy
     std::deque<Flight> inflight;                 // in release order
     TimePoint head_since{};                      // when the oldest dispatch became the oldest
-    // Express: the worker holding the grant (or being revoked), the grant's epoch, when the
-    // revoke was sent, and other workers' Ready records held until the holder confirms.
-    Worker* express = nullptr;
+    // Express: the workers holding the grant (or being revoked), all of tenant `express_tenant`,
+    // each with the slots it was last sent; the grant's epoch, when the revoke was sent, and
+    // other workers' Ready records held until every holder confirms.
+    std::vector<ExpressHolder> express;
+    TenantId express_tenant = 0;
     uint64_t express_epoch = 0;
     bool revoking = false;
     TimePoint revoke_since{};
@@ -345,6 +353,12 @@ class Scheduler {
   void MaybeGrant(Worker& w, uint32_t device);
   void Revoke(uint32_t device);
   void EndExpress(uint32_t device);  // the grant is over: the held work goes to the policy
+  static bool Holds(const DeviceState& d, const Worker& w);
+  // `w` holds express on `device` no longer (it confirmed a revoke, or is gone): the last
+  // holder's leaving ends the grant, otherwise the others share its slots.
+  void LeaveExpress(Worker& w, uint32_t device);
+  // Sends each holder its share of the device's `inflight_per_device` where it changed.
+  void ShareSlots(uint32_t device);
   void Drop(Worker& w, GoneReason why);
   void Watchdog();
   // Whether `w` has been stopped (SIGSTOP) for kStoppedGrace while others wait for it; ends it

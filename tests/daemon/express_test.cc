@@ -212,6 +212,112 @@ TEST_F(ExpressTest, AnotherTenantRevokesAndWaitsForTheHolderToConfirm) {
   EXPECT_FALSE(Gone(2, 0).has_value());
 }
 
+// The next grant record `w` hears within `ms` (skipping releases and the like), or nullopt.
+std::optional<ctl::Express> NextGrant(FakeWorker& w, int ms = 2000) {
+  auto m = w.Expect(ctl::Type::kExpress, ms);
+  if (!m) return std::nullopt;
+  auto e = m->As<ctl::Express>();
+  if (e.size() != 1) return std::nullopt;
+  return e[0];
+}
+
+TEST_F(ExpressTest, SessionsOfOneTenantShareTheGrantAndAnotherTenantRevokesThemAll) {
+  SetUpScheduler();  // fifo, 4 in flight per device
+  auto a = AddWorker(1, 1);
+  auto first = ReadyAndGrant(*a, 1);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->slots, 4u);
+  ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  a->Done(1);
+  a->Ready(2, /*express=*/true);  // running
+
+  // A second session of the same tenant goes through the policy once, then joins the grant:
+  // the two share the device's in-flight limit.
+  auto b = AddWorker(2, 1);
+  auto b_grant = ReadyAndGrant(*b, 1);  // (the grant is sent before the release)
+  ASSERT_TRUE(b_grant.has_value()) << "the tenant's second session did not join the grant";
+  ASSERT_TRUE(b->Expect(ctl::Type::kRelease).has_value()) << "the newcomer's work was held";
+  EXPECT_EQ(b_grant->slots, 2u);
+  EXPECT_EQ(b_grant->epoch, first->epoch) << "one grant, shared";
+  auto a_share = NextGrant(*a);
+  ASSERT_TRUE(a_share.has_value()) << "the first holder was not told its smaller share";
+  EXPECT_EQ(a_share->slots, 2u);
+  b->Done(1);
+  b->Ready(2, /*express=*/true);  // accepted: b holds the grant now
+  nlohmann::json st;
+  for (int i = 0; i < 100; ++i) {
+    st = Status();
+    if (st["tenants"][0]["express_dispatches"] == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(st["tenants"][0]["express_dispatches"], 2);
+  EXPECT_EQ(st["devices"][0]["express_sessions"], nlohmann::json::array({1, 2}));
+
+  // Another tenant revokes both holders and waits for both to confirm.
+  auto c = AddWorker(3, 2);
+  c->Ready(1);
+  auto a_revoke = NextGrant(*a);
+  auto b_revoke = NextGrant(*b);
+  ASSERT_TRUE(a_revoke.has_value() && b_revoke.has_value()) << "a holder was not revoked";
+  EXPECT_EQ(a_revoke->slots, 0u);
+  EXPECT_EQ(b_revoke->slots, 0u);
+  a->End(first->epoch);
+  EXPECT_FALSE(c->Expect(ctl::Type::kRelease, 200).has_value())
+      << "released while a holder could still start commands";
+  b->Ready(3, /*express=*/true);  // started before b read the revoke
+  b->End(first->epoch);
+  EXPECT_TRUE(c->Expect(ctl::Type::kRelease).has_value()) << "held work not released after";
+  a->Done(2);
+  b->Done(2);
+  b->Done(3);
+  // A session of the first tenant now waits for the policy like any other.
+  a->Ready(3);
+  EXPECT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  EXPECT_FALSE(Gone(1, 0).has_value());
+  EXPECT_FALSE(Gone(2, 0).has_value());
+  EXPECT_FALSE(Gone(3, 0).has_value());
+}
+
+TEST_F(ExpressTest, AHolderThatLeavesGivesItsShareBackToTheOthers) {
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  ASSERT_TRUE(ReadyAndGrant(*a, 1).has_value());
+  ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  auto b = AddWorker(2, 1);
+  auto b_grant = ReadyAndGrant(*b, 1);
+  ASSERT_TRUE(b_grant.has_value());
+  EXPECT_EQ(b_grant->slots, 2u);
+  ::close(a->fd);  // a's session ends
+  a->fd = -1;
+  auto whole = NextGrant(*b);
+  ASSERT_TRUE(whole.has_value()) << "the remaining holder kept half the device";
+  EXPECT_EQ(whole->slots, 4u);
+  EXPECT_EQ(whole->epoch, b_grant->epoch);
+}
+
+TEST_F(ExpressTest, ACreditTenantsSecondSessionEndsTheGrantInsteadOfSharingIt) {
+  // Credit accounts each express block as its tenant's only pending one (Algorithm 1's turn):
+  // two sessions of a tenant never hold express together there.
+  SetUpScheduler(/*express=*/true, "credit");
+  auto a = AddWorker(1, 1);
+  auto grant = ReadyAndGrant(*a, 1);
+  ASSERT_TRUE(grant.has_value());
+  ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  a->Done(1);
+  auto b = AddWorker(2, 1);
+  b->Ready(1);
+  auto revoke = NextGrant(*a);
+  ASSERT_TRUE(revoke.has_value());
+  EXPECT_EQ(revoke->slots, 0u);
+  a->End(grant->epoch);
+  ASSERT_TRUE(b->Expect(ctl::Type::kRelease).has_value());
+  // b's release came by the policy; b holds nothing: express from it bypasses the scheduler.
+  b->Done(1);
+  b->Ready(2, /*express=*/true);
+  EXPECT_TRUE(b->ClosedWithin(2000));
+  EXPECT_EQ(Gone(2), Scheduler::GoneReason::kMalformed);
+}
+
 TEST_F(ExpressTest, AConfirmationForAnotherGrantEndsTheWorker) {
   SetUpScheduler();
   auto a = AddWorker(1, 1);
