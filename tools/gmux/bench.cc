@@ -1,8 +1,10 @@
 #include "bench.h"
 
 #include <CL/cl.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -361,6 +363,134 @@ double SocketRoundTripUs(int n) {
   return Median(us);
 }
 
+// Many clients at once, as many processes of one user run them: `n` processes, each with its
+// own context, queue and 1-work-item kernel, in a closed loop of launch + clFinish for `secs`
+// (after building the kernel and 20 warm-up launches), started together. `gmux`: the gmux
+// platform, else the first other one whose name contains `native`. Forked, so it must run
+// before this process makes any OpenCL call. A client process ends in ManyClient().
+struct ManyRun {
+  double per_s = 0;   // launches of all clients per second
+  double p50_us = 0;  // the median of the clients' p50s
+  double p99_us = 0;  // the median of the clients' p99s
+};
+
+struct ClientResult {
+  uint64_t calls = 0;
+  double p50 = 0, p99 = 0;
+  int32_t ok = 0;
+};
+
+void ManyClient(bool gmux, const std::string& native, double secs, int ready,
+                             int go, int out) {
+  ClientResult r;
+  auto finish = [&] {
+    (void)!::write(out, &r, sizeof(r));
+    ::_exit(r.ok ? 0 : 1);
+  };
+  auto fail = [&] {
+    char c = 0;
+    (void)!::write(ready, &c, 1);
+    finish();
+  };
+  cl_uint np = 0;
+  clGetPlatformIDs(0, nullptr, &np);
+  std::vector<cl_platform_id> ps(np);
+  if (np > 0) clGetPlatformIDs(np, ps.data(), nullptr);
+  cl_platform_id p = nullptr;
+  for (auto x : ps) {
+    const std::string name = PlatformName(x);
+    const bool match = gmux ? name == "gmux"
+                            : name != "gmux" && (native.empty() ||
+                                                 name.find(native) != std::string::npos);
+    if (match && p == nullptr) p = x;
+  }
+  Dev d;
+  if (p == nullptr || !Open(p, "client", d).empty()) fail();
+  cl_int err = CL_SUCCESS;
+  cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, sizeof(int), nullptr, &err);
+  cl_kernel k = m != nullptr ? clCreateKernel(d.prog, "tiny", &err) : nullptr;
+  if (k == nullptr || clSetKernelArg(k, 0, sizeof(cl_mem), &m) != CL_SUCCESS) fail();
+  size_t g = 1;
+  auto launch = [&] {
+    return clEnqueueNDRangeKernel(d.q, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr) ==
+               CL_SUCCESS && clFinish(d.q) == CL_SUCCESS;
+  };
+  for (int i = 0; i < 20; ++i) {
+    if (!launch()) fail();
+  }
+  char c = 1;
+  (void)!::write(ready, &c, 1);
+  if (::read(go, &c, 1) != 1) finish();
+  std::vector<double> us;
+  us.reserve(1 << 16);
+  const auto end = Clock::now() + std::chrono::duration<double>(secs);
+  for (auto a = Clock::now(); a < end; a = Clock::now()) {
+    if (!launch()) finish();
+    us.push_back(Seconds(Clock::now() - a) * 1e6);
+  }
+  r.calls = us.size();
+  r.p50 = Percentile(us, 0.5);
+  r.p99 = Percentile(us, 0.99);
+  r.ok = !us.empty();
+  clReleaseKernel(k);
+  clReleaseMemObject(m);
+  finish();
+}
+
+ManyRun ManyClients(bool gmux, const std::string& native, int n, double secs) {
+  const std::string label = gmux ? "gmux" : "native";
+  int ready[2], go[2], out[2];
+  Check(::pipe2(ready, O_CLOEXEC) == 0 && ::pipe2(go, O_CLOEXEC) == 0 &&
+            ::pipe2(out, O_CLOEXEC) == 0, "pipe failed");
+  std::vector<pid_t> kids;
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(ready[0]);
+      ::close(go[1]);
+      ::close(out[0]);
+      ManyClient(gmux, native, secs, ready[1], go[0], out[1]);  // exits
+      ::_exit(1);
+    }
+    if (pid > 0) kids.push_back(pid);
+  }
+  ::close(ready[1]);
+  ::close(go[0]);
+  ::close(out[1]);
+  // Each client says when it is ready (or failed); one that says nothing in a minute (it
+  // crashed) does not hold the others.
+  int up = 0;
+  for (char c; up < static_cast<int>(kids.size()); ++up) {
+    pollfd pf{ready[0], POLLIN, 0};
+    if (::poll(&pf, 1, 60000) != 1 || ::read(ready[0], &c, 1) != 1) break;
+  }
+  const std::string go_all(kids.size(), '1');
+  (void)!::write(go[1], go_all.data(), go_all.size());
+  ::close(go[1]);
+  std::vector<double> p50, p99;
+  uint64_t calls = 0;
+  bool all_ok = static_cast<int>(kids.size()) == n && up == n;
+  for (size_t i = 0; all_ok && i < kids.size(); ++i) {
+    ClientResult r;
+    if (::read(out[0], &r, sizeof(r)) != static_cast<ssize_t>(sizeof(r)) || !r.ok) {
+      all_ok = false;
+      continue;
+    }
+    calls += r.calls;
+    p50.push_back(r.p50);
+    p99.push_back(r.p99);
+  }
+  ::close(ready[0]);
+  ::close(out[0]);
+  for (pid_t k : kids) {
+    int st = 0;
+    if (!all_ok) ::kill(k, SIGKILL);
+    ::waitpid(k, &st, 0);
+  }
+  Check(all_ok, label + ": a client of the many-clients run failed");
+  return {static_cast<double>(calls) / secs, Median(p50), Median(p99)};
+}
+
 std::optional<size_t> ParseSize(const std::string& s) {
   if (s.empty()) return std::nullopt;
   size_t pos = 0;
@@ -494,6 +624,23 @@ int RunBench(const BenchOptions& o) {
   // Measured before any OpenCL call: the echoing process is a fork of this one, which must not
   // hold the loader's state or the daemon connection.
   const double rtt = SocketRoundTripUs(o.quick ? 200 : 2000);
+  // Many clients too: their processes are forked before this one opens OpenCL.
+  const int clients = o.quick ? std::min(o.clients, 2) : o.clients;
+  const double client_s = o.quick ? 0.3 : 2.0;
+  std::vector<double> many_rate[2], many_p50[2], many_p99[2];
+  try {
+    for (int r = 0; clients > 0 && r < std::max(1, o.repeat); ++r) {
+      for (int i = 0; i < 2; ++i) {
+        const ManyRun m = ManyClients(i == 1, o.native, clients, client_s);
+        many_rate[i].push_back(m.per_s);
+        many_p50[i].push_back(m.p50_us);
+        many_p99[i].push_back(m.p99_us);
+      }
+    }
+  } catch (const Failure& f) {
+    std::cerr << "gmux bench: " << f.what << "\n";
+    return 1;
+  }
 
   cl_uint np = 0;
   clGetPlatformIDs(0, nullptr, &np);
@@ -577,6 +724,14 @@ int RunBench(const BenchOptions& o) {
       out["create_release_us"][names[i]] = Median(allocs[i]);
       out["work_group_query_us"][names[i]] = Median(wgq[i]);
     }
+    if (clients > 0) {
+      out["clients"] = {{"count", clients}, {"seconds", client_s}};
+      for (int i = 0; i < 2; ++i) {
+        out["clients"][names[i]] = {{"per_s", Median(many_rate[i])},
+                                    {"p50_us", Median(many_p50[i])},
+                                    {"p99_us", Median(many_p99[i])}};
+      }
+    }
     out["transfers"] = json::array();
     for (size_t b : sizes) {
       std::vector<double> w[2], rd[2], wp50[2], wp99[2], rp50[2], rp99[2];
@@ -633,6 +788,13 @@ int RunBench(const BenchOptions& o) {
           " round trips");
   const double rn = out["pipelined_per_s"]["native"], rg = out["pipelined_per_s"]["gmux"];
   row("pipelined launches (1/s)", rn, rg, rg / rn, ">= 0.5");
+  if (out.contains("clients")) {
+    const std::string n = std::to_string(out["clients"]["count"].get<int>());
+    const double cn = out["clients"]["native"]["per_s"], cg = out["clients"]["gmux"]["per_s"];
+    row(n + " clients' launch + clFinish (1/s)", cn, cg, cn > 0 ? cg / cn : 0, "");
+    const double pn = out["clients"]["native"]["p50_us"], pg = out["clients"]["gmux"]["p50_us"];
+    row("  per client p50 (us)", pn, pg, pn > 0 ? pg / pn : 0, "");
+  }
   for (const auto& t : out["transfers"]) {
     const std::string size = SizeName(t["bytes"].get<size_t>());
     const double wn = t["write_gbps"]["native"], wg = t["write_gbps"]["gmux"];

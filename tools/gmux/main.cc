@@ -438,6 +438,10 @@ int main(int argc, char** argv) {
   bench->add_option("--repeat", bench_opts.repeat,
                     "Runs of each workload per platform, alternating them; the median is shown")
       ->capture_default_str()->check(CLI::Range(1, 100));
+  bench->add_option("--clients", bench_opts.clients,
+                    "Processes in the many-clients run, each a closed loop of launch + clFinish "
+                    "for 2 s (0: skip it; --quick: at most 2, for 0.3 s)")
+      ->capture_default_str()->check(CLI::Range(0, 256));
   bench->add_flag("--quick", bench_opts.quick,
                   "Few iterations and transfers up to 1 MiB: checks a host, measures nothing");
   bench->add_flag("--json", bench_opts.json, "One JSON object instead of the table");
@@ -447,10 +451,12 @@ int main(int argc, char** argv) {
       "call costs through gmux with no device work), 20,000 launches then one clFinish, blocking\n"
       "writes and reads of each size (GB/s; each call's p50 and p99 in --json, p99 shown), a\n"
       "512x512 matrix multiply end to end, a work-group size query (clGetKernelWorkGroupInfo,\n"
-      "as before each launch); every result is checked. Also a 64-byte Unix socket round trip\n"
-      "between two processes, the unit of the latency goal, and with --address a plain TCP\n"
-      "socket copy on loopback, the bound for transfers over TCP. Exit 1 when a result is\n"
-      "wrong or a call fails. Takes about a minute.");
+      "as before each launch), and --clients processes at once, each a closed loop of\n"
+      "launch + clFinish (launches/s of them all; the median of their p50s); every result is\n"
+      "checked. Also a 64-byte Unix socket round trip between two processes, the unit of the\n"
+      "latency goal, and with --address a plain TCP socket copy on loopback, the bound for\n"
+      "transfers over TCP. Exit 1 when a result is wrong or a call fails. Takes about a\n"
+      "minute.");
 
   try {
     app.parse(argc, argv);
