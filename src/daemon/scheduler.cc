@@ -32,6 +32,10 @@ constexpr std::chrono::milliseconds kWatchdogTick{20};
 // this long: tenants that take turns (closed loops with gaps between their commands) stay under
 // the policy, and the grant/revoke messages are spent only where one tenant runs alone.
 constexpr std::chrono::milliseconds kExpressQuiet{20};
+// At most this many sessions of a tenant active on a device (within kExpressQuiet) share its
+// express grant; with more, all of them go through the policy (docs/policies.md: on 2 cores,
+// 32 sharing sessions had 3-4x the tail latency of the policy's FIFO).
+constexpr size_t kMaxExpressSessions = 4;
 
 // How long a revoked holder may take to confirm when its tenant has no command time limit.
 constexpr std::chrono::seconds kRevokeLimit{60};
@@ -213,6 +217,7 @@ void Scheduler::AddWorker(uint64_t session, TenantId tenant, int fd, pid_t pid) 
     w->fd = fd;
     w->pid = pid;
     w->queued_on.resize(devices_.size());
+    w->active_on.resize(devices_.size());
     w->mem_held.resize(devices_.size());
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -424,6 +429,7 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
     if (!PoolReadyAllowed(w, r.device)) return Drop(w, GoneReason::kMalformed);
     PoolNoteActivity(w.tenant);
     DeviceState& d = devices_[r.device];
+    w.active_on[r.device] = Now();
     if (r.express != 0) {
       // Started under a grant this worker holds (or is giving back), behind nothing of its own
       // that still waits in the policy: anything else bypassed the scheduler.
@@ -437,9 +443,11 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
     if (t == tenants_.end() || !t->second.in_policy) continue;  // the tenant is leaving
     d.last_active[w.tenant] = Now();
     if (!d.express.empty() && !Holds(d, w) &&
-        (d.revoking || w.tenant != d.express_tenant || !d.policy->ExpressSharedOk())) {
-      // Another tenant's turn on an express device: take the grant back first. (Another
-      // session of the holders' tenant goes to the policy and joins the grant below.)
+        (d.revoking || w.tenant != d.express_tenant || !d.policy->ExpressSharedOk() ||
+         ActiveWorkers(w.tenant, r.device, Now()) > kMaxExpressSessions)) {
+      // Another tenant's turn on an express device, or more sessions than share: take the
+      // grant back first. (Another of a few sessions of the holders' tenant goes to the policy
+      // and joins the grant below.)
       d.held.emplace_back(&w, r);
       if (!d.revoking) Revoke(r.device);
       continue;
@@ -512,6 +520,8 @@ void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
   // Several holders only of one tenant, and only where the policy's accounting allows it.
   const bool shared = d.policy->ExpressSharedOk();
   if (!d.express.empty() && (w.tenant != d.express_tenant || !shared)) return;
+  // A few sessions share; more go through the policy together (see kMaxExpressSessions).
+  if (shared && ActiveWorkers(w.tenant, device, Now()) > kMaxExpressSessions) return;
   const TimePoint now = Now();
   for (const auto& [tenant, when] : d.last_active) {
     if (tenant != w.tenant && now - when < kExpressQuiet) return;
@@ -542,6 +552,14 @@ void Scheduler::ShareSlots(uint32_t device) {
     h.slots = share;
     h.worker->express_out.push_back({device, share, d.express_epoch});
   }
+}
+
+size_t Scheduler::ActiveWorkers(TenantId tenant, uint32_t device, TimePoint now) const {
+  size_t n = 0;
+  for (const auto& [id, w] : workers_) {
+    n += !w->dead && w->tenant == tenant && now - w->active_on[device] < kExpressQuiet;
+  }
+  return n;
 }
 
 bool Scheduler::Holds(const DeviceState& d, const Worker& w) {
@@ -588,6 +606,7 @@ void Scheduler::OnDone(Worker& w, const std::vector<ctl::Done>& done) {
       found = true;
       Flight f = *it;
       d.last_active[f.tenant] = now;
+      w.active_on[static_cast<size_t>(&d - devices_.data())] = now;
       const bool head = it == d.inflight.begin();
       d.inflight.erase(it);
       if (head) d.head_since = now;

@@ -159,6 +159,7 @@ class Scheduler {
     std::vector<ctl::Release> out;                 // releases not yet sent
     std::vector<ctl::Express> express_out;         // grants and revokes not yet sent
     std::vector<uint64_t> queued_on;               // per device: its blocks in the policy
+    std::vector<TimePoint> active_on;              // per device: its last Ready or Done there
     std::vector<uint64_t> mem_held;                // per device: memory reserved, not given back
     std::optional<TimePoint> stopped_since;        // first seen stopped while others waited
     uint64_t pool_contexts = 0;                    // its session's live contexts on the pool
@@ -354,6 +355,8 @@ class Scheduler {
   void Revoke(uint32_t device);
   void EndExpress(uint32_t device);  // the grant is over: the held work goes to the policy
   static bool Holds(const DeviceState& d, const Worker& w);
+  // Workers of `tenant` that sent work for or finished work on `device` within kExpressQuiet.
+  size_t ActiveWorkers(TenantId tenant, uint32_t device, TimePoint now) const;
   // `w` holds express on `device` no longer (it confirmed a revoke, or is gone): the last
   // holder's leaving ends the grant, otherwise the others share its slots.
   void LeaveExpress(Worker& w, uint32_t device);
