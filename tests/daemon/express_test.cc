@@ -278,6 +278,41 @@ TEST_F(ExpressTest, SessionsOfOneTenantShareTheGrantAndAnotherTenantRevokesThemA
   EXPECT_FALSE(Gone(3, 0).has_value());
 }
 
+TEST_F(ExpressTest, AFifthActiveSessionOfTheTenantEndsTheSharingForAll) {
+  // Sharing helps a few sessions; with more runnable sessions than cores the policy's order is
+  // what bounds the slowest one's wait (docs/policies.md): at most 4 active sessions share.
+  SetUpScheduler();
+  std::vector<std::unique_ptr<FakeWorker>> w;
+  uint64_t epoch = 0;
+  for (uint64_t s = 1; s <= 4; ++s) {
+    w.push_back(AddWorker(s, 1));
+    auto g = ReadyAndGrant(*w.back(), 1);
+    ASSERT_TRUE(g.has_value()) << "session " << s << " did not share the grant";
+    epoch = g->epoch;
+    ASSERT_TRUE(w.back()->Expect(ctl::Type::kRelease).has_value());
+    w.back()->Done(1);
+  }
+  // All four busy (express starts: within the quiet window), then a fifth session's work.
+  for (auto& h : w) h->Ready(2, /*express=*/true);
+  auto fifth = AddWorker(5, 1);
+  fifth->Ready(1);
+  for (size_t i = 0; i < w.size(); ++i) {
+    std::optional<ctl::Express> e;
+    do {
+      e = NextGrant(*w[i]);  // skips the shares re-sent as others joined
+    } while (e && e->slots != 0);
+    ASSERT_TRUE(e.has_value()) << "holder " << i + 1 << " was not revoked";
+  }
+  EXPECT_FALSE(fifth->Expect(ctl::Type::kRelease, 200).has_value())
+      << "released before every holder gave back";
+  for (auto& h : w) {
+    h->Done(2);  // the device (4 in flight) has room again
+    h->End(epoch);
+  }
+  EXPECT_TRUE(fifth->Expect(ctl::Type::kRelease).has_value());
+  for (uint64_t s = 1; s <= 5; ++s) EXPECT_FALSE(Gone(s, 0).has_value()) << s;
+}
+
 TEST_F(ExpressTest, AHolderThatLeavesGivesItsShareBackToTheOthers) {
   SetUpScheduler();
   auto a = AddWorker(1, 1);
