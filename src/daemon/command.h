@@ -149,6 +149,10 @@ class CommandSink {
   virtual void Submit(std::vector<std::shared_ptr<Command>> cmds) = 0;
   // The user event `ev` was set: commands held behind it may now run.
   virtual void Rescan(std::shared_ptr<EventRecord> ev) = 0;
+  // Called by the session thread after a batch was submitted, before it waits for the next
+  // request on `client_fd`: a sink that waits for someone's go-ahead may wait for it here,
+  // awake, for a short while (none by default).
+  virtual void AwaitRelease(int /*client_fd*/) {}
   // Commands submitted and not yet completed.
   virtual uint64_t Outstanding() const = 0;
   // Blocks until `room()` holds, checked again as commands finish (and every few ms, for what

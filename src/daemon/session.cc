@@ -936,7 +936,10 @@ Status Session::Serve() {
     passed_fd_ = -1;
     if (to_submit_.size() >= 256) SubmitPending();
     // Commands go to the device in batches: once no more requests have arrived.
-    auto msg = reader.Next(&passed_fd_, [this] { SubmitPending(); });
+    auto msg = reader.Next(&passed_fd_, [this] {
+      SubmitPending();
+      sink_.AwaitRelease(core_->fd);  // the broker's go-ahead for what was just sent
+    });
     if (!msg.ok()) return msg.status();
     RefreshLimits();
     capnp::MallocMessageBuilder reply(kj::arrayPtr(reply_scratch_.get(), kReplyScratchWords));

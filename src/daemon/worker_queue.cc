@@ -232,19 +232,7 @@ void WorkerQueue::Loop() {
     std::lock_guard<std::mutex> lock(own_mu_);
     t_running = this;
     if (!broker_gone_ && (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-      // Everything the broker sent so far, then the local work it caused.
-      for (int i = 0; i < 256; ++i) {
-        auto m = ctl::Receive(ctl_fd_, /*dont_wait=*/true);
-        if (!m.ok()) {
-          if (m.status().code() != StatusCode::kResourceExhausted) {
-            broker_gone_ = true;
-            if (on_broker_gone_) on_broker_gone_();
-          }
-          break;
-        }
-        OnControl(*m);
-        if (m->fd >= 0) ::close(m->fd);
-      }
+      ReadControl();  // everything the broker sent so far, then the local work it caused
     }
     for (auto& t : mailbox_.TryTakeAll()) t();
     FlushReady();
@@ -254,9 +242,46 @@ void WorkerQueue::Loop() {
   }
 }
 
+void WorkerQueue::ReadControl() {
+  // (A session thread that read the release first leaves the loop nothing: EAGAIN.)
+  for (int i = 0; !broker_gone_ && i < 256; ++i) {
+    auto m = ctl::Receive(ctl_fd_, /*dont_wait=*/true);
+    if (!m.ok()) {
+      if (m.status().code() != StatusCode::kResourceExhausted) {
+        broker_gone_ = true;
+        if (on_broker_gone_) on_broker_gone_();
+      }
+      break;
+    }
+    OnControl(*m);
+    if (m->fd >= 0) ::close(m->fd);
+  }
+}
+
+void WorkerQueue::SetReleaseSpin(std::chrono::microseconds budget) {
+  release_spin_ = std::make_unique<proto::SpinWait>(proto::SpinWait::ForThisThread(budget));
+}
+
+void WorkerQueue::AwaitRelease(int client_fd) {
+  if (!release_spin_ || !release_awaited_.load() || broker_gone_.load()) return;
+  pollfd fds[2] = {{ctl_fd_, POLLIN, 0}, {client_fd, POLLIN, 0}};
+  const bool any = release_spin_->WaitFor([&] { return ::poll(fds, 2, 0) > 0; });
+  if (!any) {
+    // Not within the budget: the loop thread reads it. Counted as a slow wait, so releases
+    // that keep coming late (a busy device, another tenant's turn) stop the spinning.
+    release_spin_->Record(release_spin_->budget() + std::chrono::microseconds(1));
+    return;
+  }
+  if ((fds[0].revents & POLLIN) == 0) return;  // the client's next request comes first
+  release_spin_->Arrived();
+  // In order with the loop thread's reads: both read only while running the queue.
+  RunOrPost([this] { ReadControl(); }, /*device_callback=*/false);
+}
+
 void WorkerQueue::OnControl(const ctl::Message& m) {
   switch (m.type) {
     case ctl::Type::kRelease: {
+      release_awaited_.store(false);
       std::vector<std::vector<Job>> per_device(executors_.size());
       std::vector<EventRecord*> dispatched;
       for (const ctl::Release& r : m.As<ctl::Release>()) {
@@ -583,6 +608,10 @@ void WorkerQueue::FlushReady(bool force_report) {
     express_unreported_.clear();
     done_out_.insert(done_out_.begin(), express_done_.begin(), express_done_.end());
     express_done_.clear();
+  }
+  if (std::any_of(ready_out_.begin(), ready_out_.end(),
+                  [](const ctl::Ready& r) { return r.express == 0; })) {
+    release_awaited_.store(true);
   }
   if (!ready_out_.empty()) ctl::SendRecords(ctl_fd_, ctl::Type::kReady, ready_out_).IgnoreError();
   ready_out_.clear();

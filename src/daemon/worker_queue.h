@@ -42,6 +42,7 @@
 #include "daemon/executor.h"
 #include "daemon/mailbox.h"
 #include "daemon/residency.h"
+#include "proto/spin_wait.h"
 
 namespace gmux::daemon {
 
@@ -53,6 +54,14 @@ class WorkerQueue : public CommandSink {
   ~WorkerQueue() override;
 
   void Start();
+  // The budget for AwaitRelease's spin (gmuxd's worker_spin_us; 0: none). Before Start().
+  void SetReleaseSpin(std::chrono::microseconds budget);
+  // After the session thread sent commands to the broker for release: it reads the release
+  // itself, spinning for up to the budget (proto/spin_wait.h) until the control channel or
+  // `client_fd` has something. The loop thread, asleep in poll(), would otherwise be woken
+  // for it, which on an idle CPU of a virtual machine costs tens of microseconds of the
+  // command's latency (docs/policies.md, "The session thread reads its release").
+  void AwaitRelease(int client_fd) override;
   // Called on the loop thread with each new share of the tenant's limits (before Start()).
   void OnLimits(std::function<void(const ctl::Limits&)> f) { on_limits_ = std::move(f); }
   // Stops the loop once nothing is in flight on the backend (bounded by `timeout`).
@@ -94,6 +103,8 @@ class WorkerQueue : public CommandSink {
   // `force_report`: express starts too, however recent (a revoke's answer follows).
   void FlushReady(bool force_report = false);
   void OnExpress(const ctl::Express& e);
+  // Everything the broker sent so far (without waiting), each through OnControl. Under own_mu_.
+  void ReadControl();
   static ctl::Ready ReadyOf(const Command& c);
   // Reports `c` ready to the broker's scheduler and waits for its release.
   void ToScheduler(const std::shared_ptr<Command>& c);
@@ -141,6 +152,10 @@ class WorkerQueue : public CommandSink {
   // Under a grant the broker hears of express work in batches: starts and completions not
   // reported yet, and when the oldest of them happened. Express commands still running (their
   // completion is deferred only while the device's grant holds).
+  // Set when ordinary Ready records went to the broker, cleared by the next release: whether
+  // AwaitRelease has anything to wait for. Its spin, made by SetReleaseSpin.
+  std::atomic<bool> release_awaited_{false};
+  std::unique_ptr<proto::SpinWait> release_spin_;
   std::vector<ctl::Ready> express_unreported_;
   std::vector<ctl::Done> express_done_;
   std::chrono::steady_clock::time_point express_oldest_{};

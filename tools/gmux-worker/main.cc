@@ -188,6 +188,7 @@ int main(int argc, char** argv) {
   // The tenant's limits are shared by its sessions: gmuxd sends a new share as they come and go.
   queue.OnLimits([core, to_session](const ctl::Limits& l) { core->SetSessionLimits(to_session(l)); });
   queue.SetPool(a.pool_mask, &(*backend)->cl(), (*backend)->devices());
+  queue.SetReleaseSpin(std::chrono::microseconds(a.spin_us));
   queue.Start();
   Session session(core, **backend, queue, limits);
   session.Serve().IgnoreError();
