@@ -29,6 +29,7 @@ class FifoPolicy final : public Policy {
   // Neither holds back nor splits: a lone tenant's blocks go out whole, in order.
   bool ExpressOk(TenantId, TimePoint) const override { return true; }
   bool ExpressSharedOk() const override { return true; }  // Express() records nothing
+  bool ExpressAcrossTenantsOk() const override { return true; }
   // Nothing to account: the policy keeps no state for dispatched blocks.
   void Express(const CommandBlock&, TimePoint) override {}
 

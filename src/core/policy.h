@@ -93,6 +93,10 @@ class Policy {
   // Whether Express() stays exact while the tenant has other blocks pending or expressed, so
   // that several drivers' channels of one tenant (a tenant's sessions) may hold express at once.
   virtual bool ExpressSharedOk() const { return false; }
+  // Whether, while the device has room, this policy dispatches every tenant's ready blocks at
+  // once whatever the others do (no weights, credits or turns to keep): then different tenants
+  // may hold express at once too, each with a share of the device's slots.
+  virtual bool ExpressAcrossTenantsOk() const { return false; }
   // Accounts one block the driver dispatched whole by express, as if Submit() had queued it and
   // Pick() had chosen it; it is in flight until Complete(). Precondition: ExpressOk() held when
   // the driver granted express, and `block.tenant` has no block pending in this policy.

@@ -442,12 +442,10 @@ void Scheduler::OnReady(Worker& w, const std::vector<ctl::Ready>& ready) {
     }
     if (t == tenants_.end() || !t->second.in_policy) continue;  // the tenant is leaving
     d.last_active[w.tenant] = Now();
-    if (!d.express.empty() && !Holds(d, w) &&
-        (d.revoking || w.tenant != d.express_tenant || !d.policy->ExpressSharedOk() ||
-         ActiveWorkers(w.tenant, r.device, Now()) > kMaxExpressSessions)) {
+    if (!d.express.empty() && !Holds(d, w) && !MayJoinExpress(d, w, r.device, Now())) {
       // Another tenant's turn on an express device, or more sessions than share: take the
-      // grant back first. (Another of a few sessions of the holders' tenant goes to the policy
-      // and joins the grant below.)
+      // grant back first. (A session that may join goes to the policy once and joins the grant
+      // below.)
       d.held.emplace_back(&w, r);
       if (!d.revoking) Revoke(r.device);
       continue;
@@ -517,26 +515,25 @@ void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
   // Oversubscribed memory: every release goes through the slot layout (PrepareSwitch), which
   // commands a worker starts itself would bypass (docs/policies.md, "Device memory").
   if (d.slots) return;
-  // Several holders only of one tenant, and only where the policy's accounting allows it.
-  const bool shared = d.policy->ExpressSharedOk();
-  if (!d.express.empty() && (w.tenant != d.express_tenant || !shared)) return;
-  // A few sessions share; more go through the policy together (see kMaxExpressSessions).
-  if (shared && ActiveWorkers(w.tenant, device, Now()) > kMaxExpressSessions) return;
   const TimePoint now = Now();
+  if (!d.express.empty() && !MayJoinExpress(d, w, device, now)) return;
+  // Several holders where the policy's accounting allows it: of one tenant, or of any where
+  // the policy keeps nothing between tenants; a few at most (see kMaxExpressSessions).
+  const bool shared = d.policy->ExpressSharedOk();
+  const bool across = shared && d.policy->ExpressAcrossTenantsOk();
+  const std::optional<TenantId> whose = across ? std::nullopt : std::optional(w.tenant);
+  if (shared && ActiveWorkers(whose, device, now) > kMaxExpressSessions) return;
   for (const auto& [tenant, when] : d.last_active) {
-    if (tenant != w.tenant && now - when < kExpressQuiet) return;
+    if (!across && tenant != w.tenant && now - when < kExpressQuiet) return;
   }
   for (const Flight& f : d.inflight) {
-    if (f.worker != &w && (f.tenant != w.tenant || !shared)) return;
+    if (f.worker != &w && !across && (f.tenant != w.tenant || !shared)) return;
   }
   for (const auto& [id, other] : workers_) {
     if (other.get() != &w && !other->dead && other->queued_on[device] != 0) return;
   }
   if (!d.policy->ExpressOk(w.tenant, now)) return;
-  if (d.express.empty()) {
-    d.express_tenant = w.tenant;
-    ++d.express_epoch;
-  }
+  if (d.express.empty()) ++d.express_epoch;
   d.express.push_back({&w, 0});
   ShareSlots(device);
 }
@@ -554,12 +551,32 @@ void Scheduler::ShareSlots(uint32_t device) {
   }
 }
 
-size_t Scheduler::ActiveWorkers(TenantId tenant, uint32_t device, TimePoint now) const {
+size_t Scheduler::ActiveWorkers(std::optional<TenantId> tenant, uint32_t device,
+                                TimePoint now) const {
   size_t n = 0;
   for (const auto& [id, w] : workers_) {
-    n += !w->dead && w->tenant == tenant && now - w->active_on[device] < kExpressQuiet;
+    n += !w->dead && (!tenant || w->tenant == *tenant) &&
+         now - w->active_on[device] < kExpressQuiet;
   }
   return n;
+}
+
+bool Scheduler::MayJoinExpress(const DeviceState& d, const Worker& w, uint32_t device,
+                               TimePoint now) const {
+  if (d.revoking || !d.policy->ExpressSharedOk()) return false;
+  if (d.policy->ExpressAcrossTenantsOk()) {
+    return ActiveWorkers(std::nullopt, device, now) <= kMaxExpressSessions;
+  }
+  return HeldBy(d, w.tenant) && !std::any_of(d.express.begin(), d.express.end(),
+                                             [&](const ExpressHolder& h) {
+                                               return h.worker->tenant != w.tenant;
+                                             }) &&
+         ActiveWorkers(w.tenant, device, now) <= kMaxExpressSessions;
+}
+
+bool Scheduler::HeldBy(const DeviceState& d, TenantId tenant) {
+  return std::any_of(d.express.begin(), d.express.end(),
+                     [&](const ExpressHolder& h) { return h.worker->tenant == tenant; });
 }
 
 bool Scheduler::Holds(const DeviceState& d, const Worker& w) {
@@ -726,14 +743,15 @@ void Scheduler::Watchdog() {
   const TimePoint now = Now();
   for (auto& d : devices_) {
     if (!d.express.empty() && d.revoking) {
-      auto t = tenants_.find(d.express_tenant);
-      const Duration limit = t != tenants_.end() && t->second.command_time_limit.count() > 0
-                                 ? t->second.command_time_limit
-                                 : std::chrono::duration_cast<Duration>(kRevokeLimit);
-      if (now - d.revoke_since > limit) {
-        // Every holder that has not confirmed (dropping one may end the grant: a copy).
-        std::vector<ExpressHolder> late = d.express;
-        for (const ExpressHolder& h : late) {
+      // Every holder that has not confirmed within its tenant's limit (dropping one may end
+      // the grant: a copy).
+      std::vector<ExpressHolder> holders = d.express;
+      for (const ExpressHolder& h : holders) {
+        auto t = tenants_.find(h.worker->tenant);
+        const Duration limit = t != tenants_.end() && t->second.command_time_limit.count() > 0
+                                   ? t->second.command_time_limit
+                                   : std::chrono::duration_cast<Duration>(kRevokeLimit);
+        if (now - d.revoke_since > limit) {
           spdlog::warn("watchdog: session {} (worker pid {}) did not give back express "
                        "dispatch within {:.1f} s; ending its session",
                        static_cast<unsigned long long>(h.worker->session),
@@ -882,8 +900,9 @@ bool Scheduler::AdvanceSwitch(uint32_t di) {
     for (const Flight& f : d.inflight) {
       if (std::binary_search(sw.victims.begin(), sw.victims.end(), f.tenant)) return false;
     }
-    if (!d.express.empty() &&
-        std::binary_search(sw.victims.begin(), sw.victims.end(), d.express_tenant)) {
+    if (std::any_of(d.express.begin(), d.express.end(), [&](const ExpressHolder& h) {
+          return std::binary_search(sw.victims.begin(), sw.victims.end(), h.worker->tenant);
+        })) {
       if (!d.revoking) Revoke(di);
       return false;
     }
@@ -1020,7 +1039,7 @@ void Scheduler::SlotMonitor() {
       if (d.switching && d.switching->pick.tenant == u) continue;
       bool busy = false;
       for (const Flight& f : d.inflight) busy = busy || f.tenant == u;
-      if (!d.express.empty() && d.express_tenant == u) busy = true;
+      if (HeldBy(d, u)) busy = true;
       if (!busy) idle.push_back(u);
     }
     for (TenantId u : idle) AskEvict(di, u, nullptr);
@@ -1246,18 +1265,15 @@ std::string Scheduler::StatusNow(std::optional<TenantId> only) const {
   for (size_t i = 0; i < devices_.size(); ++i) {
     const DeviceState& d = devices_[i];
     // A tenant sees which sessions hold express only when they are its own.
-    const bool show_express = !d.express.empty() && (!only || d.express_tenant == *only);
     json holders = json::array();
     for (const ExpressHolder& h : d.express) {
-      if (show_express) holders.push_back(h.worker->session);
+      if (!only || h.worker->tenant == *only) holders.push_back(h.worker->session);
     }
     devs.push_back(json{{"index", i},
                         {"policy", std::string(d.policy->name())},
                         {"inflight", d.inflight.size()},
                         {"queued_commands", d.queued.size()},
-                        {"express_session",
-                         show_express ? json(d.express.front().worker->session)
-                                      : json(nullptr)},
+                        {"express_session", holders.empty() ? json(nullptr) : holders[0]},
                         {"express_sessions", holders},
                         {"held_commands", d.held.size()},
                         {"dispatches", d.dispatches},

@@ -16,11 +16,13 @@
 // the worker starts its commands itself and reports them as express Ready records, which the
 // scheduler accounts with Policy::Express() and tracks in flight like any release. Where the
 // policy allows it (Policy::ExpressSharedOk), the tenant's other sessions' workers join the
-// grant as they send work, each with an equal share of the device's in-flight slots. Work of
-// another tenant for that device revokes the grant; it is held here, not given to the policy,
-// until every holder confirms (ctl::kExpressEnd), so the policy never sees two tenants' work
-// while one of them bypasses Pick(). A holder that does not confirm within its command time
-// limit is dropped like a watchdog case.
+// grant as they send work, each with an equal share of the device's in-flight slots, and
+// where it keeps no state between tenants (Policy::ExpressAcrossTenantsOk: fifo, rr), other
+// tenants' workers join too; at most kMaxExpressSessions active workers share. Other work for
+// that device revokes the grant; it is held here, not given to the policy, until every holder
+// confirms (ctl::kExpressEnd), so the policy never sees work it must order while someone
+// bypasses Pick(). A holder that does not confirm within its command time limit is dropped
+// like a watchdog case.
 //
 // The thread polls every worker's channel and its own mailbox's eventfd, so a release and a
 // completion each cost one wake-up. A worker that closes its channel, sends anything malformed,
@@ -213,11 +215,10 @@ class Scheduler {
     std::unordered_map<BlockId, Queued> queued;  // in the policy
     std::deque<Flight> inflight;                 // in release order
     TimePoint head_since{};                      // when the oldest dispatch became the oldest
-    // Express: the workers holding the grant (or being revoked), all of tenant `express_tenant`,
-    // each with the slots it was last sent; the grant's epoch, when the revoke was sent, and
-    // other workers' Ready records held until every holder confirms.
+    // Express: the workers holding the grant (or being revoked; of one tenant unless the
+    // policy allows several), each with the slots it was last sent; the grant's epoch, when
+    // the revoke was sent, and other workers' Ready records held until every holder confirms.
     std::vector<ExpressHolder> express;
-    TenantId express_tenant = 0;
     uint64_t express_epoch = 0;
     bool revoking = false;
     TimePoint revoke_since{};
@@ -355,8 +356,11 @@ class Scheduler {
   void Revoke(uint32_t device);
   void EndExpress(uint32_t device);  // the grant is over: the held work goes to the policy
   static bool Holds(const DeviceState& d, const Worker& w);
-  // Workers of `tenant` that sent work for or finished work on `device` within kExpressQuiet.
-  size_t ActiveWorkers(TenantId tenant, uint32_t device, TimePoint now) const;
+  // Workers (of `tenant`, if given) that sent or finished work on `device` within kExpressQuiet.
+  size_t ActiveWorkers(std::optional<TenantId> tenant, uint32_t device, TimePoint now) const;
+  // Whether `w` (not a holder) may join the device's express holders now.
+  bool MayJoinExpress(const DeviceState& d, const Worker& w, uint32_t device, TimePoint now) const;
+  static bool HeldBy(const DeviceState& d, TenantId tenant);  // a holder of `tenant`
   // `w` holds express on `device` no longer (it confirmed a revoke, or is gone): the last
   // holder's leaving ends the grant, otherwise the others share its slots.
   void LeaveExpress(Worker& w, uint32_t device);
