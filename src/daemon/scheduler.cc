@@ -32,9 +32,10 @@ constexpr std::chrono::milliseconds kWatchdogTick{20};
 // this long: tenants that take turns (closed loops with gaps between their commands) stay under
 // the policy, and the grant/revoke messages are spent only where one tenant runs alone.
 constexpr std::chrono::milliseconds kExpressQuiet{20};
-// At most this many sessions of a tenant active on a device (within kExpressQuiet) share its
-// express grant; with more, all of them go through the policy (docs/policies.md: on 2 cores,
-// 32 sharing sessions had 3-4x the tail latency of the policy's FIFO).
+// At most this many workers active on a device (within kExpressQuiet; of the holders' tenant,
+// or of any tenant where the policy allows holders of several) share its express grant; with
+// more, all of them go through the policy (docs/policies.md, "Several holders": on 2 cores, 32
+// sharing sessions had 3-4x the tail latency of the policy's FIFO order).
 constexpr size_t kMaxExpressSessions = 4;
 
 // How long a revoked holder may take to confirm when its tenant has no command time limit.
