@@ -73,6 +73,32 @@ std::string PlatformName(cl_platform_id p) {
   return buf;
 }
 
+// The loader's platforms: all of them, gmux's, and the native one (the first other whose name
+// contains `native`, any other when it is empty); nullptr where there is none.
+struct Platforms {
+  std::vector<cl_platform_id> all;
+  cl_platform_id gmux = nullptr;
+  cl_platform_id native = nullptr;
+};
+
+Platforms FindPlatforms(const std::string& native) {
+  Platforms out;
+  cl_uint np = 0;
+  clGetPlatformIDs(0, nullptr, &np);
+  out.all.resize(np);
+  if (np > 0) clGetPlatformIDs(np, out.all.data(), nullptr);
+  for (auto p : out.all) {
+    const std::string name = PlatformName(p);
+    if (name == "gmux") {
+      out.gmux = p;
+    } else if (out.native == nullptr &&
+               (native.empty() || name.find(native) != std::string::npos)) {
+      out.native = p;
+    }
+  }
+  return out;
+}
+
 // An error message, or "".
 std::string Open(cl_platform_id p, const std::string& label, Dev& d) {
   d.label = label;
@@ -380,8 +406,7 @@ struct ClientResult {
   int32_t ok = 0;
 };
 
-void ManyClient(bool gmux, const std::string& native, double secs, int ready,
-                             int go, int out) {
+void ManyClient(bool gmux, const std::string& native, double secs, int ready, int go, int out) {
   ClientResult r;
   auto finish = [&] {
     (void)!::write(out, &r, sizeof(r));
@@ -392,18 +417,8 @@ void ManyClient(bool gmux, const std::string& native, double secs, int ready,
     (void)!::write(ready, &c, 1);
     finish();
   };
-  cl_uint np = 0;
-  clGetPlatformIDs(0, nullptr, &np);
-  std::vector<cl_platform_id> ps(np);
-  if (np > 0) clGetPlatformIDs(np, ps.data(), nullptr);
-  cl_platform_id p = nullptr;
-  for (auto x : ps) {
-    const std::string name = PlatformName(x);
-    const bool match = gmux ? name == "gmux"
-                            : name != "gmux" && (native.empty() ||
-                                                 name.find(native) != std::string::npos);
-    if (match && p == nullptr) p = x;
-  }
+  const Platforms found = FindPlatforms(native);
+  cl_platform_id p = gmux ? found.gmux : found.native;
   Dev d;
   if (p == nullptr || !Open(p, "client", d).empty()) fail();
   cl_int err = CL_SUCCESS;
@@ -642,22 +657,11 @@ int RunBench(const BenchOptions& o) {
     return 1;
   }
 
-  cl_uint np = 0;
-  clGetPlatformIDs(0, nullptr, &np);
-  std::vector<cl_platform_id> ps(np);
-  if (np > 0) clGetPlatformIDs(np, ps.data(), nullptr);
-  cl_platform_id gp = nullptr, npf = nullptr;
-  for (auto p : ps) {
-    const std::string name = PlatformName(p);
-    if (name == "gmux") {
-      gp = p;
-    } else if (npf == nullptr && (o.native.empty() || name.find(o.native) != std::string::npos)) {
-      npf = p;
-    }
-  }
+  const Platforms found = FindPlatforms(o.native);
+  cl_platform_id gp = found.gmux, npf = found.native;
   if (gp == nullptr || npf == nullptr) {
     std::cerr << "gmux bench: needs the gmux platform and a native one; the loader lists:";
-    for (auto p : ps) std::cerr << " '" << PlatformName(p) << "'";
+    for (auto p : found.all) std::cerr << " '" << PlatformName(p) << "'";
     std::cerr << "\n";
     return 1;
   }
