@@ -125,6 +125,17 @@ class ExpressTest : public ::testing::Test {
     }
   }
   nlohmann::json Status() { return nlohmann::json::parse(sched_->Status()); }
+  // The status once `ready(status)` holds, or the last one read after about a second.
+  template <typename Ready>
+  nlohmann::json StatusWhen(const Ready& ready) {
+    nlohmann::json st;
+    for (int i = 0; i < 100; ++i) {
+      st = Status();
+      if (ready(st)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return st;
+  }
   // Sends command `cmd` ready from `w`; the one grant record that answers it (nullopt: none).
   static std::optional<ctl::Express> ReadyAndGrant(FakeWorker& w, uint64_t cmd) {
     w.Ready(cmd);
@@ -149,12 +160,8 @@ TEST_F(ExpressTest, ALoneWorkerIsGrantedAndItsExpressCommandsAreAccounted) {
     a->Ready(cmd, /*express=*/true);
     a->Done(cmd);
   }
-  nlohmann::json st;
-  for (int i = 0; i < 100; ++i) {
-    st = Status();
-    if (st["tenants"][0]["completed_commands"] == 5) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  nlohmann::json st =
+      StatusWhen([](nlohmann::json& s) { return s["tenants"][0]["completed_commands"] == 5; });
   EXPECT_EQ(st["tenants"][0]["completed_commands"], 5);
   EXPECT_EQ(st["tenants"][0]["express_dispatches"], 4);
   EXPECT_EQ(st["devices"][0]["express_session"], 1);
@@ -246,12 +253,8 @@ TEST_F(ExpressTest, SessionsShareTheGrantAndTheDevicesSlotsUnderFifo) {
   EXPECT_EQ(a_share->slots, 2u);
   b->Done(1);
   b->Ready(2, /*express=*/true);  // accepted: b holds the grant now
-  nlohmann::json st;
-  for (int i = 0; i < 100; ++i) {
-    st = Status();
-    if (st["tenants"][0]["express_dispatches"] == 2) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  nlohmann::json st =
+      StatusWhen([](nlohmann::json& s) { return s["tenants"][0]["express_dispatches"] == 2; });
   EXPECT_EQ(st["tenants"][0]["express_dispatches"], 2);
   EXPECT_EQ(st["devices"][0]["express_sessions"], nlohmann::json::array({1, 2}));
 
@@ -267,11 +270,8 @@ TEST_F(ExpressTest, SessionsShareTheGrantAndTheDevicesSlotsUnderFifo) {
     ASSERT_TRUE(share.has_value());
     EXPECT_EQ(share->slots, 1u);
   }
-  for (int i = 0; i < 100; ++i) {
-    st = Status();
-    if (st["devices"][0]["express_sessions"].size() == 3) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  st = StatusWhen(
+      [](nlohmann::json& s) { return s["devices"][0]["express_sessions"].size() == 3; });
   EXPECT_EQ(st["devices"][0]["express_sessions"], nlohmann::json::array({1, 2, 3}));
   // A tenant sees only its own sessions among the holders.
   auto mine = nlohmann::json::parse(sched_->Status(2));
