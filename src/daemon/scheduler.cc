@@ -517,13 +517,16 @@ void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
   // commands a worker starts itself would bypass (docs/policies.md, "Device memory").
   if (d.slots) return;
   const TimePoint now = Now();
-  if (!d.express.empty() && !MayJoinExpress(d, w, device, now)) return;
   // Several holders where the policy's accounting allows it: of one tenant, or of any where
   // the policy keeps nothing between tenants; a few at most (see kMaxExpressSessions).
   const bool shared = d.policy->ExpressSharedOk();
   const bool across = shared && d.policy->ExpressAcrossTenantsOk();
-  const std::optional<TenantId> whose = across ? std::nullopt : std::optional(w.tenant);
-  if (shared && ActiveWorkers(whose, device, now) > kMaxExpressSessions) return;
+  if (!d.express.empty()) {
+    if (!MayJoinExpress(d, w, device, now)) return;
+  } else if (shared && ActiveWorkers(across ? std::nullopt : std::optional(w.tenant), device,
+                                     now) > kMaxExpressSessions) {
+    return;
+  }
   for (const auto& [tenant, when] : d.last_active) {
     if (!across && tenant != w.tenant && now - when < kExpressQuiet) return;
   }
@@ -568,11 +571,8 @@ bool Scheduler::MayJoinExpress(const DeviceState& d, const Worker& w, uint32_t d
   if (d.policy->ExpressAcrossTenantsOk()) {
     return ActiveWorkers(std::nullopt, device, now) <= kMaxExpressSessions;
   }
-  return HeldBy(d, w.tenant) && !std::any_of(d.express.begin(), d.express.end(),
-                                             [&](const ExpressHolder& h) {
-                                               return h.worker->tenant != w.tenant;
-                                             }) &&
-         ActiveWorkers(w.tenant, device, now) <= kMaxExpressSessions;
+  // (Holders of one tenant only, here.)
+  return HeldBy(d, w.tenant) && ActiveWorkers(w.tenant, device, now) <= kMaxExpressSessions;
 }
 
 bool Scheduler::HeldBy(const DeviceState& d, TenantId tenant) {

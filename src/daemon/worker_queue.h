@@ -149,13 +149,13 @@ class WorkerQueue : public CommandSink {
   std::vector<Job> spare_jobs_;  // FlushReady's second vector (its capacity kept)
   std::vector<ctl::Ready> ready_out_;
   std::vector<ctl::Done> done_out_;  // completions to report at the end of the loop's round
-  // Under a grant the broker hears of express work in batches: starts and completions not
-  // reported yet, and when the oldest of them happened. Express commands still running (their
-  // completion is deferred only while the device's grant holds).
   // Set when ordinary Ready records went to the broker, cleared by the next release: whether
   // AwaitRelease has anything to wait for. Its spin, made by SetReleaseSpin.
   std::atomic<bool> release_awaited_{false};
   std::unique_ptr<proto::SpinWait> release_spin_;
+  // Under a grant the broker hears of express work in batches: starts and completions not
+  // reported yet, and when the oldest of them happened. Express commands still running (their
+  // completion is deferred only while the device's grant holds).
   std::vector<ctl::Ready> express_unreported_;
   std::vector<ctl::Done> express_done_;
   std::chrono::steady_clock::time_point express_oldest_{};

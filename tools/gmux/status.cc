@@ -198,14 +198,13 @@ int RunStatus(const std::string& socket, bool json) {
   for (const auto& d : j.value("devices", nlohmann::json::array())) {
     std::string express;
     std::string sessions;
+    int holders = 0;
     for (const auto& id : d.value("express_sessions", nlohmann::json::array())) {
       if (!id.is_number()) continue;
-      sessions += (sessions.empty() ? "" : ", ") + std::to_string(id.get<uint64_t>());
+      sessions += (holders++ == 0 ? "" : ", ") + std::to_string(id.get<uint64_t>());
     }
-    if (sessions.find(',') != std::string::npos) {
-      express = ", express: sessions " + sessions;
-    } else if (!sessions.empty()) {
-      express = ", express: session " + sessions;
+    if (holders > 0) {
+      express = (holders > 1 ? ", express: sessions " : ", express: session ") + sessions;
     } else if (d.contains("express_session") && d["express_session"].is_number()) {
       express = ", express: session " + std::to_string(d["express_session"].get<uint64_t>());
     }
