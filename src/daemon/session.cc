@@ -312,11 +312,21 @@ std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, 
   return v;
 }
 
+// A buffer's own storage from this size asks for transparent huge pages: its first touch
+// (a write received over TCP, or the device's) then faults 2 MiB at a time instead of 4 KiB,
+// which cut the first 256 MiB write into a new buffer over TCP by 40 % (docs/performance.md,
+// "Huge pages for the worker's own storage"). The buffer's whole size is charged and booked
+// already, so a huge page cannot hold more than the tenant was charged for. Only a hint: with
+// THP off (or `never`), nothing changes; with `defrag` at its default (`madvise`), a fault may
+// compact memory to find a huge page.
+constexpr size_t kHugeStorageMinBytes = 8u << 20;
+
 std::shared_ptr<HostBuffer> HostBuffer::Anonymous(size_t n) {
   if (n == 0) return nullptr;
   auto b = std::shared_ptr<HostBuffer>(new HostBuffer());
   void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return nullptr;
+  if (n >= kHugeStorageMinBytes) ::madvise(p, n, MADV_HUGEPAGE);
   b->data_ = static_cast<uint8_t*>(p);
   b->size_ = n;
   b->mapped_ = true;
@@ -1777,7 +1787,10 @@ std::shared_ptr<HostBuffer> Session::DirectTarget(wire::BulkBegin::Reader r) {
   auto* m = FindId(mems_, r.getDestMem());
   if (m == nullptr || !m->own_storage) return nullptr;
   if (r.getDestOffset() > m->size || r.getSize() > m->size - r.getDestOffset()) return nullptr;
-  if (!to_submit_.empty()) return nullptr;
+  // Commands still in the batch go first (a run of blocking writes of one chunk each: the
+  // previous write's own command); if they are only earlier writes received in place, they
+  // are waited for below, else the data is staged.
+  SubmitPending();
   if (const uint64_t n = sink_.Outstanding(); n != 0) {
     // Only earlier writes received in place, whose commands take no time: waited for (a few
     // milliseconds at most, if one waits behind something), so that a run of writes is received
@@ -2565,8 +2578,13 @@ Session::Err Session::StageRead(uint64_t host_bytes, bool shm, bool zero,
 }
 
 namespace {
-// Reads up to this size are answered from the completing thread (ReadFinished).
+// Reads up to this size are answered from the completing thread (ReadFinished). Over TCP only
+// up to what a new connection's send buffer takes at once (tcp_wmem's default, 16 KiB): a
+// reply the socket took only in part had its rest sent by the writer thread, and 32-64 KiB
+// reads over TCP took 420-490 us instead of 100-127 us (docs/performance.md, "Reads of 32-64
+// KiB over TCP").
 constexpr size_t kDirectReadReplyBytes = 64u << 10;
+constexpr size_t kDirectReadReplyBytesTcp = 16u << 10;
 
 // Sends bytes [from, to) of a read's staging buffer as the answer to `seq`, in chunks, the
 // last one marked so when `to` is the end: as data frames to a client that reads them, else as
@@ -2756,17 +2774,19 @@ struct StorageReadFlow {
   ~StorageReadFlow() { Settle(failure); }
 
   // On the writer thread: sends the bytes from the buffer as data frames. The read holds its
-  // device until they are out, so a client that stops reading must not hold it: what the
-  // socket has not taken by the deadline (a little slower than loopback TCP) is copied out
-  // and the read completes, the rest going out from the copy.
+  // device until they are out, so a client that stops reading must not hold it: a frame the
+  // socket has not taken within kFrameStall plus its size at kFrameMinRate is copied out with
+  // everything after it, and the read completes, the rest going out from the copy. A client
+  // that keeps reading, however slowly its memory takes the bytes (a new vector's first touch),
+  // is sent everything from the buffer.
+  static constexpr auto kFrameStall = std::chrono::milliseconds(5);
+  static constexpr uint64_t kFrameMinRate = 256u << 20;  // bytes per second
   void Send(SessionCore* c) {
     const size_t n = view->size();
     if (sent == nullptr) {  // completed already: `view` is a copy
       SendReadData(c, seq, *view, 0, n);
       return;
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(5) +
-                          std::chrono::microseconds(n / (2u << 10));  // 2 GB/s
     std::unique_ptr<uint8_t[]> copy;  // [at, n) of the view, once taken
     size_t copied_from = 0;
     std::vector<uint8_t> rest;
@@ -2777,16 +2797,15 @@ struct StorageReadFlow {
         proto::WriteDataFrame(c->outlet(), f, copy.get() + (at - copied_from), c->limits)
             .IgnoreError();
       } else {
-        if (!proto::WriteDataFrameUntil(c->outlet(), f, view->data() + at,
-                                        std::chrono::steady_clock::now() < deadline
-                                            ? deadline
-                                            : std::chrono::steady_clock::time_point{},
-                                        &rest, c->limits)
+        const auto deadline = std::chrono::steady_clock::now() + kFrameStall +
+                              std::chrono::microseconds(len * 1000000 / kFrameMinRate);
+        if (!proto::WriteDataFrameUntil(c->outlet(), f, view->data() + at, deadline, &rest,
+                                        c->limits)
                  .ok()) {
           break;
         }
         if (!rest.empty()) {
-          // Past the deadline: this frame's rest is in `rest`; the frames after it from a copy.
+          // Past its deadline: this frame's rest is in `rest`; the frames after it from a copy.
           if (at + len < n) {
             copy.reset(new (std::nothrow) uint8_t[n - (at + len)]);
             if (copy) {
@@ -2887,7 +2906,7 @@ std::function<void(cl_int)> Session::ReadFinished(std::shared_ptr<SessionCore> c
       core->SendStatus(seq, status, "read failed");
     } else if (shm) {
       core->SendStatus(seq, CL_SUCCESS, "");
-    } else if (staging->size() <= kDirectReadReplyBytes) {
+    } else if (staging->size() <= (core->tcp ? kDirectReadReplyBytesTcp : kDirectReadReplyBytes)) {
       // A small read is answered from here, as a status is: handing it to the writer thread
       // cost a wake-up more than the send (Send queues what the socket does not take at once).
       capnp::MallocMessageBuilder b;

@@ -551,6 +551,94 @@ TEST_F(ServerTest, DataAnnouncedForAWriteServesOnlyThatWrite) {
   EXPECT_EQ(c.CreateContext(6), 0);
 }
 
+// A run of one-chunk writes streamed without waiting (a program's blocking 1 MiB writes over
+// TCP, each returning once sent): the next write's data arrives while the previous write's
+// command is still in the worker's batch. That command is handed over first and, being a write
+// received in place itself, waited for, so the next data is received in place too instead of
+// staged (docs/policies.md, "Transfers over TCP in place"). Seen from outside: data received in
+// place for buffer 3 cannot serve a write of buffer 4, where staged data would have.
+TEST_F(ServerTest, ARunOfOneChunkWritesIsReceivedInPlace) {
+  RawClient c(socket());
+  ASSERT_EQ(c.Hello(), 0);
+  ASSERT_EQ(c.CreateContext(1), 0);
+  ASSERT_EQ(c.CreateQueue(2, 1), 0);
+  constexpr uint64_t kPart = 1u << 20;
+  ASSERT_EQ(c.CreateBuffer(3, 1, 2 * kPart), 0);
+  ASSERT_EQ(c.CreateBuffer(4, 1, 2 * kPart), 0);
+  std::vector<uint8_t> stream;
+  auto add = [&](capnp::MallocMessageBuilder& b) {
+    auto bytes = proto::EncodeFrame(proto::FrameKind::kRequest, b);
+    ASSERT_TRUE(bytes.ok());
+    stream.insert(stream.end(), bytes->begin(), bytes->end());
+  };
+  // Data for buffer 3 at `offset`, not answered (no seq), as a streaming client sends it.
+  auto add_data = [&](uint64_t token, uint64_t offset, uint8_t seed) {
+    capnp::MallocMessageBuilder bb;
+    auto begin = bb.initRoot<wire::Request>().initBulkBegin();
+    begin.setToken(token);
+    begin.setSize(kPart);
+    begin.setDestMem(3);
+    begin.setDestOffset(offset);
+    add(bb);
+    capnp::MallocMessageBuilder bd;
+    auto d = bd.initRoot<wire::Request>().initBulkData();
+    d.setToken(token);
+    auto bytes = d.initData(kPart);
+    for (size_t i = 0; i < kPart; ++i) bytes[i] = static_cast<uint8_t>(i * 13 + seed);
+    add(bd);
+  };
+  auto write_of = [&](capnp::MallocMessageBuilder& wr, uint64_t token, uint64_t mem,
+                      uint64_t offset, uint64_t event) {
+    auto e = wr.initRoot<wire::Request>().initEnqueue();
+    e.setQueue(2);
+    e.setEvent(event);
+    auto wb = e.initWriteBuffer();
+    wb.setMem(mem);
+    wb.setOffset(offset);
+    wb.setSize(kPart);
+    wb.setBulk(token);
+  };
+  // The first write's data, sent and taken in (the worker then finds nothing more to read).
+  add_data(20, 0, 1);
+  ASSERT_TRUE(proto::WriteAll(c.fd(), stream).ok());
+  stream.clear();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Its command and the next write's announcement in one send: nothing between them lets the
+  // worker hand its batch over.
+  capnp::MallocMessageBuilder first;
+  write_of(first, 20, 3, 0, 100);
+  add(first);
+  add_data(21, kPart, 2);
+  ASSERT_TRUE(proto::WriteAll(c.fd(), stream).ok());
+  capnp::MallocMessageBuilder misused;
+  write_of(misused, 21, 4, kPart, 101);
+  std::string message;
+  EXPECT_EQ(c.Call(misused, &message), CL_INVALID_VALUE)
+      << "the second write's data was staged, not received in place";
+  EXPECT_NE(message.find("another write"), std::string::npos) << message;
+  // The first write landed, and the session still works.
+  capnp::MallocMessageBuilder rd;
+  auto r = rd.initRoot<wire::Request>();
+  r.setSeq(c.NextSeq());
+  auto e = r.initEnqueue();
+  e.setQueue(2);
+  e.setEvent(102);
+  auto rb = e.initReadBuffer();
+  rb.setMem(3);
+  rb.setSize(4096);
+  ASSERT_TRUE(c.Send(rd).ok());
+  auto m = c.Read();
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto rep = m->root<wire::Reply>();
+  ASSERT_EQ(rep.getStatus(), 0) << rep.getMessage().cStr();
+  ASSERT_TRUE(rep.isReadData());
+  auto data = rep.getReadData().getData();
+  ASSERT_EQ(data.size(), 4096u);
+  for (size_t i = 0; i < data.size(); ++i) {
+    ASSERT_EQ(data[i], static_cast<uint8_t>(i * 13 + 1)) << "at " << i;
+  }
+}
+
 // A read of a buffer with the worker's own storage is sent from the buffer, and completes only
 // once sent; a client that does not read its replies must not hold the device, so past a
 // deadline the rest is copied out and the read completes. A write queued behind the read then
