@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/runtime_env.h"
 
 namespace gmux::testing {
@@ -57,6 +59,31 @@ TEST(TcpTest, TheIcdReachesTheDaemonOverTcp) {
   clReleaseKernel(k);
   clReleaseProgram(p);
   clReleaseMemObject(m);
+}
+
+// `gmux bench --address` over TCP, end to end with small sizes: gmux's transfers over TCP, and
+// for each size the plain socket copy of the same bytes they are read against, and the
+// socket's peak.
+TEST(TcpTest, GmuxBenchMeasuresTransfersAgainstPlainSocketCopies) {
+  ASSERT_GT(RuntimeEnv::tcp_port, 0);
+  std::string out;
+  const std::string address = "tcp://127.0.0.1:" + std::to_string(RuntimeEnv::tcp_port);
+  ASSERT_EQ(RunShell(std::string("timeout 300 ") + GMUX_CLI_PATH +
+                         " bench --quick --json --repeat 1 --sizes 64K,1M --address " + address +
+                         " 2>&1",
+                     out),
+            0)
+      << out;
+  auto j = nlohmann::json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_NE(j["daemon"].get<std::string>().find("tcp://"), std::string::npos);
+  EXPECT_GT(j["tcp_loopback_gbps"].get<double>(), 0);
+  ASSERT_EQ(j["transfers"].size(), 2u) << out;
+  for (const auto& t : j["transfers"]) {
+    EXPECT_GT(t["tcp_copy_gbps"].get<double>(), 0) << t["bytes"];
+    EXPECT_GT(t["write_gbps"]["gmux"].get<double>(), 0) << t["bytes"];
+    EXPECT_GT(t["read_gbps"]["gmux"].get<double>(), 0) << t["bytes"];
+  }
 }
 
 // Run only as a child by the tests below: the gmux platform must list no devices, promptly.

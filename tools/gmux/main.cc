@@ -454,9 +454,11 @@ int main(int argc, char** argv) {
       "as before each launch), and --clients processes at once, each a closed loop of\n"
       "launch + clFinish (launches/s of them all; the median of their p50s); every result is\n"
       "checked. Also a 64-byte Unix socket round trip between two processes, the unit of the\n"
-      "latency goal, and with --address a plain TCP socket copy on loopback, the bound for\n"
-      "transfers over TCP. Exit 1 when a result is wrong or a call fails. Takes about a\n"
-      "minute.");
+      "latency goal, and with --address plain TCP socket copies on loopback, the bounds for\n"
+      "transfers over TCP: per size, the same bytes as the bench's writes and reads, from one\n"
+      "std::vector into a new one (rows 'TCP: socket copy'), and the socket's peak, one cached\n"
+      "4 MiB chunk sent again and again. Exit 1 when a result is wrong or a call fails. Takes\n"
+      "about a minute.");
 
   try {
     app.parse(argc, argv);
