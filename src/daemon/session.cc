@@ -315,7 +315,7 @@ std::shared_ptr<HostBuffer> HostBuffer::View(std::shared_ptr<HostBuffer> whole, 
 // A buffer's own storage from this size asks for transparent huge pages: its first touch
 // (a write received over TCP, or the device's) then faults 2 MiB at a time instead of 4 KiB,
 // which cut the first 256 MiB write into a new buffer over TCP by 40 % (docs/performance.md,
-// "Huge pages for the worker's own storage"). The buffer's whole size is charged and booked
+// "Transfers over TCP: the bound read honestly"). The buffer's whole size is charged and booked
 // already, so a huge page cannot hold more than the tenant was charged for. Only a hint: with
 // THP off (or `never`), nothing changes; with `defrag` at its default (`madvise`), a fault may
 // compact memory to find a huge page.
@@ -2581,8 +2581,8 @@ namespace {
 // Reads up to this size are answered from the completing thread (ReadFinished). Over TCP only
 // up to what a new connection's send buffer takes at once (tcp_wmem's default, 16 KiB): a
 // reply the socket took only in part had its rest sent by the writer thread, and 32-64 KiB
-// reads over TCP took 420-490 us instead of 100-127 us (docs/performance.md, "Reads of 32-64
-// KiB over TCP").
+// reads over TCP took 420-490 us instead of 90-120 us (docs/policies.md, "Transfers over TCP
+// in place").
 constexpr size_t kDirectReadReplyBytes = 64u << 10;
 constexpr size_t kDirectReadReplyBytesTcp = 16u << 10;
 
