@@ -243,7 +243,7 @@ TransferRun Transfer(Dev& d, size_t bytes, size_t total) {
 
 // A plain TCP socket copy on loopback between another process and this one, in GB/s (0 where it
 // could not run): a bound a transfer over TCP is read against. `bytes` cross `iters` times,
-// timed from the sender's go.
+// timed from the receiver's go (the sender has its data ready by then).
 // - `big`: from a std::vector of `bytes`, written first, into a new one of the same size on the
 //   other side: what the bench's transfers move (each size's writes into a new buffer, reads
 //   into a new vector), done with plain sockets.
