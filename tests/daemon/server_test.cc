@@ -143,6 +143,35 @@ class RawClient {
     return Call(b);
   }
 
+  // Bytes [offset, offset + n) of buffer `mem`, read on `queue` as command `event` and answered
+  // in one ReadData reply (reads up to 64 KiB); empty, with a failure recorded, otherwise.
+  std::vector<uint8_t> ReadBytes(uint64_t queue, uint64_t mem, uint64_t offset, uint64_t n,
+                                 uint64_t event) {
+    capnp::MallocMessageBuilder rd;
+    auto r = rd.initRoot<wire::Request>();
+    r.setSeq(next_seq_++);
+    auto e = r.initEnqueue();
+    e.setQueue(queue);
+    e.setEvent(event);
+    auto rb = e.initReadBuffer();
+    rb.setMem(mem);
+    rb.setOffset(offset);
+    rb.setSize(n);
+    std::vector<uint8_t> got;
+    EXPECT_TRUE(Send(rd).ok());
+    auto m = Read();
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return got;
+    auto rep = m->root<wire::Reply>();
+    EXPECT_EQ(rep.getStatus(), 0) << rep.getMessage().cStr();
+    EXPECT_TRUE(rep.isReadData());
+    if (rep.isReadData()) {
+      auto data = rep.getReadData().getData();
+      got.assign(data.begin(), data.end());
+    }
+    return got;
+  }
+
   int32_t CreateQueue(uint64_t id, uint64_t ctx) {
     capnp::MallocMessageBuilder b;
     auto c = b.initRoot<wire::Request>().initCreateQueue();
@@ -487,28 +516,7 @@ TEST_F(ServerTest, DataAnnouncedForAWriteServesOnlyThatWrite) {
   };
   // Bytes [offset, offset + n) of `mem`, read back in one reply.
   auto read = [&](uint64_t mem, uint64_t offset, uint64_t n) {
-    capnp::MallocMessageBuilder rd;
-    auto r = rd.initRoot<wire::Request>();
-    r.setSeq(1000 + next_event);
-    auto e = r.initEnqueue();
-    e.setQueue(2);
-    e.setEvent(next_event++);
-    auto rb = e.initReadBuffer();
-    rb.setMem(mem);
-    rb.setOffset(offset);
-    rb.setSize(n);
-    EXPECT_TRUE(c.Send(rd).ok());
-    auto m = c.Read();
-    EXPECT_TRUE(m.ok());
-    std::vector<uint8_t> got;
-    if (!m.ok()) return got;
-    auto rep = m->root<wire::Reply>();
-    EXPECT_EQ(rep.getStatus(), 0) << rep.getMessage().cStr();
-    if (rep.isReadData()) {
-      auto data = rep.getReadData().getData();
-      got.assign(data.begin(), data.end());
-    }
-    return got;
+    return c.ReadBytes(2, mem, offset, n, next_event++);
   };
   auto expected = [](uint64_t n, uint8_t seed) {
     std::vector<uint8_t> v(n);
@@ -617,26 +625,9 @@ TEST_F(ServerTest, ARunOfOneChunkWritesIsReceivedInPlace) {
       << "the second write's data was staged, not received in place";
   EXPECT_NE(message.find("another write"), std::string::npos) << message;
   // The first write landed, and the session still works.
-  capnp::MallocMessageBuilder rd;
-  auto r = rd.initRoot<wire::Request>();
-  r.setSeq(c.NextSeq());
-  auto e = r.initEnqueue();
-  e.setQueue(2);
-  e.setEvent(102);
-  auto rb = e.initReadBuffer();
-  rb.setMem(3);
-  rb.setSize(4096);
-  ASSERT_TRUE(c.Send(rd).ok());
-  auto m = c.Read();
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  auto rep = m->root<wire::Reply>();
-  ASSERT_EQ(rep.getStatus(), 0) << rep.getMessage().cStr();
-  ASSERT_TRUE(rep.isReadData());
-  auto data = rep.getReadData().getData();
-  ASSERT_EQ(data.size(), 4096u);
-  for (size_t i = 0; i < data.size(); ++i) {
-    ASSERT_EQ(data[i], static_cast<uint8_t>(i * 13 + 1)) << "at " << i;
-  }
+  std::vector<uint8_t> expected(4096);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<uint8_t>(i * 13 + 1);
+  EXPECT_EQ(c.ReadBytes(2, 3, 0, 4096, 102), expected);
 }
 
 // A read of a buffer with the worker's own storage is sent from the buffer, and completes only
