@@ -135,6 +135,10 @@ struct Ready {
   uint8_t splittable = 0;  // core::Splittable
   uint8_t express = 0;     // 1: already started under an express grant (runs whole)
   uint8_t reserved = 0;
+  // express: when the worker started it (steady clock, ns since its epoch; the same clock in
+  // every process of the host). Its report may come later (they go in batches); the broker
+  // counts the dispatch's wall time from here, bounded by the grant.
+  uint64_t started_ns = 0;
 };
 
 struct Express {

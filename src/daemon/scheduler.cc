@@ -503,8 +503,21 @@ void Scheduler::Submit(Worker& w, const ctl::Ready& r) {
 void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
   DeviceState& d = devices_[r.device];
   core::CommandBlock b = NewBlock(w, r);
-  d.policy->Express(b, Now());
-  Dispatched(d, Flight{&w, r.cmd, b.id, w.tenant, {0, r.work_items}, true, Now(),
+  const TimePoint now = Now();
+  d.policy->Express(b, now);
+  // Released when the worker started it: its report comes in a batch, up to
+  // kExpressReportDelay later (or with its Done), and the dispatch's wall time, which caps the
+  // device time charged (OnDone), counts from the release. The worker's word is kept between
+  // its grant and now; an earlier start claimed would only let it be charged more.
+  TimePoint released = now;
+  const auto holder = std::find_if(d.express.begin(), d.express.end(),
+                                   [&](const ExpressHolder& h) { return h.worker == &w; });
+  if (holder != d.express.end() && r.started_ns != 0) {
+    const auto started = TimePoint(std::chrono::duration_cast<Duration>(
+        std::chrono::steady_clock::time_point(std::chrono::nanoseconds(r.started_ns)) - epoch_));
+    released = std::clamp(started, std::min(holder->since, now), now);
+  }
+  Dispatched(d, Flight{&w, r.cmd, b.id, w.tenant, {0, r.work_items}, true, released,
                        UnsplitKernel(b)});
   auto t = tenants_.find(w.tenant);
   if (t != tenants_.end()) ++t->second.express;
@@ -538,7 +551,7 @@ void Scheduler::MaybeGrant(Worker& w, uint32_t device) {
   }
   if (!d.policy->ExpressOk(w.tenant, now)) return;
   if (d.express.empty()) ++d.express_epoch;
-  d.express.push_back({&w, 0});
+  d.express.push_back({&w, 0, now});
   ShareSlots(device);
 }
 

@@ -207,6 +207,7 @@ class Scheduler {
   struct ExpressHolder {
     Worker* worker = nullptr;
     uint32_t slots = 0;  // the share it was last sent
+    TimePoint since{};   // granted (nothing it starts under the grant started earlier)
   };
   struct DeviceState {
     std::unique_ptr<core::Policy> policy;

@@ -70,6 +70,11 @@ void WorkerQueue::Stop(std::chrono::milliseconds timeout) {
   for (auto& e : executors_) e->Close();
 }
 
+void WorkerQueue::ReportBeforeExit() {
+  std::lock_guard<std::mutex> lock(own_mu_);
+  if (!broker_gone_) SendReports(/*with_express=*/true);
+}
+
 void WorkerQueue::RunOrPost(Mailbox::Task t, bool device_callback) {
   inline_runners_.fetch_add(1);
   if (stop_.load() || t_running == this) {
@@ -400,9 +405,10 @@ void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
   // Started whole; the broker accounts it when the express Ready arrives (before its Done).
   ctl::Ready r = ReadyOf(*c);
   r.express = 1;
-  if (express_unreported_.empty() && express_done_.empty()) {
-    express_oldest_ = std::chrono::steady_clock::now();
-  }
+  const auto now = std::chrono::steady_clock::now();
+  r.started_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count());
+  if (express_unreported_.empty() && express_done_.empty()) express_oldest_ = now;
   express_unreported_.push_back(r);
   express_running_.insert(c->block.id);
   Job job;
@@ -601,9 +607,13 @@ void WorkerQueue::FlushReady(bool force_report) {
   // Express starts and completions are reported in batches: with the next report that cannot
   // wait (an ordinary Ready or Done), after kExpressReportDelay, or at a revoke. The Readys of a
   // report go before its Dones, so the broker never hears of a command's end before its start.
-  if ((!express_unreported_.empty() || !express_done_.empty()) &&
-      (!ready_out_.empty() || !done_out_.empty() || force_report ||
-       std::chrono::steady_clock::now() - express_oldest_ >= kExpressReportDelay)) {
+  SendReports((!express_unreported_.empty() || !express_done_.empty()) &&
+              (!ready_out_.empty() || !done_out_.empty() || force_report ||
+               std::chrono::steady_clock::now() - express_oldest_ >= kExpressReportDelay));
+}
+
+void WorkerQueue::SendReports(bool with_express) {
+  if (with_express) {
     ready_out_.insert(ready_out_.begin(), express_unreported_.begin(), express_unreported_.end());
     express_unreported_.clear();
     done_out_.insert(done_out_.begin(), express_done_.begin(), express_done_.end());

@@ -66,6 +66,10 @@ class WorkerQueue : public CommandSink {
   void OnLimits(std::function<void(const ctl::Limits&)> f) { on_limits_ = std::move(f); }
   // Stops the loop once nothing is in flight on the backend (bounded by `timeout`).
   void Stop(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  // The worker is about to end (its client left): the starts and completions express has not
+  // reported yet (they wait up to kExpressReportDelay to go in a batch) go to the broker now,
+  // so the tenant's last commands are counted and charged. Starts nothing. Any thread.
+  void ReportBeforeExit();
 
   void Submit(std::vector<std::shared_ptr<Command>> cmds) override;
   void Rescan(std::shared_ptr<EventRecord> ev) override;
@@ -102,6 +106,9 @@ class WorkerQueue : public CommandSink {
   // to the broker (in that order). Called by the loop at the end of each round.
   // `force_report`: express starts too, however recent (a revoke's answer follows).
   void FlushReady(bool force_report = false);
+  // Sends ready_out_ and done_out_ (express's unreported starts and completions ahead of them
+  // with `with_express`: a command's start before its end). Under own_mu_.
+  void SendReports(bool with_express);
   void OnExpress(const ctl::Express& e);
   // Everything the broker sent so far (without waiting), each through OnControl. Under own_mu_.
   void ReadControl();

@@ -27,20 +27,26 @@ struct FakeWorker {
   ~FakeWorker() {
     if (fd >= 0) ::close(fd);
   }
-  void Ready(uint64_t cmd, bool express = false) {
+  // `started`: an express command's start as the worker reports it (none: 0).
+  void Ready(uint64_t cmd, bool express = false,
+             std::optional<std::chrono::steady_clock::time_point> started = std::nullopt) {
     ctl::Ready r;
     r.cmd = cmd;
     r.work_items = 1;
     r.work_groups = 1;
     r.express = express ? 1 : 0;
+    if (started) {
+      r.started_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               started->time_since_epoch()).count());
+    }
     ASSERT_TRUE(ctl::Send(fd, ctl::Type::kReady, &r, sizeof(r), 1).ok());
   }
-  void Done(uint64_t cmd) {
+  void Done(uint64_t cmd, uint64_t device_ns = 1000) {
     ctl::Done d;
     d.cmd = cmd;
     d.begin = 0;
     d.end = 1;
-    d.device_ns = 1000;
+    d.device_ns = device_ns;
     ASSERT_TRUE(ctl::Send(fd, ctl::Type::kDone, &d, sizeof(d), 1).ok());
   }
   void End(uint64_t epoch) {
@@ -165,6 +171,35 @@ TEST_F(ExpressTest, ALoneWorkerIsGrantedAndItsExpressCommandsAreAccounted) {
   EXPECT_EQ(st["tenants"][0]["completed_commands"], 5);
   EXPECT_EQ(st["tenants"][0]["express_dispatches"], 4);
   EXPECT_EQ(st["devices"][0]["express_session"], 1);
+  EXPECT_FALSE(Gone(1, 0).has_value());
+}
+
+TEST_F(ExpressTest, ExpressCommandsReportedLateAreChargedFromTheirStartWithinTheGrant) {
+  SetUpScheduler();
+  auto a = AddWorker(1, 1);
+  const auto before_grant = std::chrono::steady_clock::now();
+  ASSERT_TRUE(ReadyAndGrant(*a, 1).has_value());
+  ASSERT_TRUE(a->Expect(ctl::Type::kRelease).has_value());
+  a->Done(1, 0);
+  // Started, then reported with its end 80 ms later (a batch): its 50 ms of device time count,
+  // though the broker heard of its start only with its end.
+  const auto started = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  a->Ready(2, /*express=*/true, started);
+  a->Done(2, 50'000'000);
+  // A start claimed long before the grant: its wall time counts from the grant, so the
+  // 10 s it reports are not all charged.
+  a->Ready(3, /*express=*/true, before_grant - std::chrono::seconds(20));
+  a->Done(3, 10'000'000'000);
+  nlohmann::json st =
+      StatusWhen([](nlohmann::json& s) { return s["tenants"][0]["completed_commands"] == 3; });
+  const double since_grant =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - before_grant).count();
+  ASSERT_EQ(st["tenants"][0]["completed_commands"], 3);
+  const double charged = st["tenants"][0]["device_time_s"];
+  // Command 2: 0.05 s; command 3: at least the 80 ms since the grant, at most all of it.
+  EXPECT_GE(charged, 0.05 + 0.08);
+  EXPECT_LE(charged, 0.05 + since_grant);
   EXPECT_FALSE(Gone(1, 0).has_value());
 }
 

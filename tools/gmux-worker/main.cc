@@ -193,7 +193,9 @@ int main(int argc, char** argv) {
   Session session(core, **backend, queue, limits);
   session.Serve().IgnoreError();
   // The client left (or broke the protocol): the process ends, and with it every backend
-  // object of the session, whatever is still running.
+  // object of the session, whatever is still running. What finished is reported first: a
+  // client that exits right after its last blocking call is charged for it.
+  queue.ReportBeforeExit();
   std::fflush(stderr);
   ::_exit(0);
 }
