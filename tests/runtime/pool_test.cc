@@ -219,7 +219,9 @@ TEST_F(PoolTest, ContextWaitsForAFreeDeviceThenFailsWithDeviceNotAvailable) {
 }
 
 TEST_F(PoolTest, IdleLeaseIsReclaimedAndReacquiredOnAnotherDeviceWithTheSameResults) {
-  daemon_.Start(PoolConfig("check_period_s = 0.2\nidle_s = 0.4\nwait_s = 20\n"));
+  // Idle for 2 s: long enough that neither lease is taken back between the steps below on a
+  // loaded machine (each is a client call or a `gmux lease list`), short enough to wait for.
+  daemon_.Start(PoolConfig("check_period_s = 0.2\nidle_s = 2\nwait_s = 20\n"));
   Child a = Child::Spawn(daemon_, {1, 90, {}}, [](Channel& ch) { return PoolTenant(ch, 3, true); });
   ASSERT_EQ(a.Receive(30s), 0) << daemon_.Log();
   ASSERT_EQ(a.Receive(30s), 1) << daemon_.Log();
@@ -236,12 +238,14 @@ TEST_F(PoolTest, IdleLeaseIsReclaimedAndReacquiredOnAnotherDeviceWithTheSameResu
     return ch.WaitGo() ? 0 : 1;
   });
   ASSERT_EQ(b.Receive(30s), 1) << daemon_.Log();
+  const json other = LeaseOf(UidTenantName(2));
+  ASSERT_TRUE(other.is_object()) << LeaseList().dump();
   // The first tenant's next command re-acquires a device transparently: its results stay right.
   a.Go();
   ASSERT_EQ(a.Receive(30s), 2) << daemon_.Log();
   const json second = LeaseOf(UidTenantName(1));
   ASSERT_TRUE(second.is_object()) << LeaseList().dump();
-  EXPECT_NE(second["device"], LeaseOf(UidTenantName(2))["device"]);
+  EXPECT_NE(second["device"], other["device"]);
   a.Go();
   EXPECT_EQ(a.Receive(30s), 3);
   EXPECT_TRUE(a.Wait(30s).ok()) << daemon_.Log();
