@@ -72,6 +72,22 @@ run_ctest() {
   return "$rc"
 }
 
+# LeakSanitizer's stop-the-world tracer now and then crashes as a process exits ("Tracer caught
+# signal 11 ... LeakSanitizer has encountered a fatal error", google/sanitizers#1353): the test's
+# checks had passed, the sanitizer runtime failed the process. When there are no more failed
+# tests than such crash notes among the stage's reports, the failed tests run once more, and their
+# second run decides. Any other failure is final.
+rerun_tracer_crashes() {
+  local dir="$1" reports="$2" failed crashes
+  failed="$(wc -l <"$dir/Testing/Temporary/LastTestsFailed.log" 2>/dev/null || echo 0)"
+  crashes="$(grep -l "Tracer caught signal" "$reports"/* 2>/dev/null | wc -l || true)"
+  [ "$failed" -gt 0 ] && [ "$crashes" -ge "$failed" ] || return 1
+  echo "==== $failed failed test(s), $crashes LeakSanitizer tracer crash(es): running them again" |
+    tee -a "$logs/ctest-$stage.log"
+  (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 600 --rerun-failed) 2>&1 |
+    tee -a "$logs/ctest-$stage.log"
+}
+
 stage_main() {
   bash scripts/build.sh
   mark build
@@ -94,7 +110,9 @@ stage_asan() {
   local rc=0
   # The 64-client load tests are left out as under TSan: 64 instrumented clients compiling cold
   # on 2 cores take minutes; the 8-client ones run the same paths.
-  run_ctest build-asan -E "$uninstrumented_tools|LoadTest\.SixtyFour" || rc=$?
+  if ! run_ctest build-asan -E "$uninstrumented_tools|LoadTest\.SixtyFour"; then
+    rerun_tracer_crashes build-asan "$reports" || rc=1
+  fi
   bash .ci/check-sanitizer-reports.sh "$reports" || rc=1
   return "$rc"
 }
@@ -108,8 +126,13 @@ stage_tsan() {
     tests+=("$(basename "$f" .cc)")
     labels="$labels|$(basename "$f" .cc)"
   done
+  # Two of transfers_test's variants are left out too, for time: transfers_inline_messages runs
+  # the threads of transfers_inline (only the encoding of the data differs), transfers_shm copies
+  # through pooled shared memory (the fallback; map_shm_test takes that pool under TSan) instead
+  # of the client's pages. The main and asan stages run both.
   for f in tests/runtime/*_test.cc; do
-    [[ "$(basename "$f")" =~ ^(clpeak|tools)_test ]] || tests+=("$(basename "$f" .cc)")
+    [[ "$(basename "$f")" =~ ^(clpeak|tools|transfers_inline_messages|transfers_shm)_test ]] ||
+      tests+=("$(basename "$f" .cc)")
   done
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGMUX_WERROR=ON \
     -DGMUX_SANITIZE=thread \

@@ -1,3 +1,3 @@
 // map_shm_test with buffers on shared memory turned off (GMUX_BUFFER_STORAGE=0): every mapping
 // is a copy, through pooled shared memory or the stream.
-#include "runtime/map_shm_test.cc"
+// variant of: map_shm_test

@@ -1,2 +1,2 @@
 // programs_test over TCP (GMUX_ADDRESS and a token instead of the Unix socket).
-#include "runtime/programs_test.cc"
+// variant of: programs_test

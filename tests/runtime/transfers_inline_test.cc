@@ -1,2 +1,2 @@
 // transfers_test with shared memory turned off (GMUX_SHM=0): large transfers inline.
-#include "runtime/transfers_test.cc"
+// variant of: transfers_test

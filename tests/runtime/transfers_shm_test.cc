@@ -1,3 +1,3 @@
 // transfers_test with remote copy turned off (GMUX_REMOTE_COPY=0): large transfers through
 // shared memory, as for a client its worker may not read (another uid, not dumpable).
-#include "runtime/transfers_test.cc"
+// variant of: transfers_test

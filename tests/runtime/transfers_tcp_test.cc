@@ -1,2 +1,2 @@
 // transfers_test over TCP: every transfer inline in the stream.
-#include "runtime/transfers_test.cc"
+// variant of: transfers_test
