@@ -112,8 +112,10 @@ void Scheduler::Stop() {
   epoll_fd_ = -1;
 }
 
-TimePoint Scheduler::Now() const {
-  return TimePoint(std::chrono::duration_cast<Duration>(std::chrono::steady_clock::now() - epoch_));
+TimePoint Scheduler::Now() const { return OnPolicyClock(std::chrono::steady_clock::now()); }
+
+TimePoint Scheduler::OnPolicyClock(std::chrono::steady_clock::time_point t) const {
+  return TimePoint(std::chrono::duration_cast<Duration>(t - epoch_));
 }
 
 void Scheduler::AddTenant(TenantId tenant, double weight, const std::string& name,
@@ -510,11 +512,10 @@ void Scheduler::StartExpress(Worker& w, const ctl::Ready& r) {
   // device time charged (OnDone), counts from the release. The worker's word is kept between
   // its grant and now; an earlier start claimed would only let it be charged more.
   TimePoint released = now;
-  const auto holder = std::find_if(d.express.begin(), d.express.end(),
-                                   [&](const ExpressHolder& h) { return h.worker == &w; });
-  if (holder != d.express.end() && r.started_ns != 0) {
-    const auto started = TimePoint(std::chrono::duration_cast<Duration>(
-        std::chrono::steady_clock::time_point(std::chrono::nanoseconds(r.started_ns)) - epoch_));
+  const ExpressHolder* holder = HolderOf(d, w);
+  if (holder != nullptr && r.started_ns != 0) {
+    const TimePoint started = OnPolicyClock(
+        std::chrono::steady_clock::time_point(std::chrono::nanoseconds(r.started_ns)));
     released = std::clamp(started, std::min(holder->since, now), now);
   }
   Dispatched(d, Flight{&w, r.cmd, b.id, w.tenant, {0, r.work_items}, true, released,
@@ -593,9 +594,11 @@ bool Scheduler::HeldBy(const DeviceState& d, TenantId tenant) {
                      [&](const ExpressHolder& h) { return h.worker->tenant == tenant; });
 }
 
-bool Scheduler::Holds(const DeviceState& d, const Worker& w) {
-  return std::any_of(d.express.begin(), d.express.end(),
-                     [&](const ExpressHolder& h) { return h.worker == &w; });
+const Scheduler::ExpressHolder* Scheduler::HolderOf(const DeviceState& d, const Worker& w) {
+  for (const ExpressHolder& h : d.express) {
+    if (h.worker == &w) return &h;
+  }
+  return nullptr;
 }
 
 void Scheduler::LeaveExpress(Worker& w, uint32_t device) {

@@ -327,6 +327,8 @@ class Scheduler {
 
   void Loop();
   TimePoint Now() const;
+  // A point of the host's steady clock on the policies' clock (Now()'s).
+  TimePoint OnPolicyClock(std::chrono::steady_clock::time_point t) const;
   void Pump();
   void OnMessage(Worker& w, const ctl::Message& m);
   void OnReady(Worker& w, const std::vector<ctl::Ready>& ready);
@@ -356,7 +358,9 @@ class Scheduler {
   void MaybeGrant(Worker& w, uint32_t device);
   void Revoke(uint32_t device);
   void EndExpress(uint32_t device);  // the grant is over: the held work goes to the policy
-  static bool Holds(const DeviceState& d, const Worker& w);
+  static bool Holds(const DeviceState& d, const Worker& w) { return HolderOf(d, w) != nullptr; }
+  // `w`'s entry among the device's express holders (nullptr: not one).
+  static const ExpressHolder* HolderOf(const DeviceState& d, const Worker& w);
   // Workers (of `tenant`, if given) that sent or finished work on `device` within kExpressQuiet.
   size_t ActiveWorkers(std::optional<TenantId> tenant, uint32_t device, TimePoint now) const;
   // Whether `w` (not a holder) may join the device's express holders now.

@@ -402,7 +402,8 @@ void WorkerQueue::ToScheduler(const std::shared_ptr<Command>& c) {
 }
 
 void WorkerQueue::StartExpress(const std::shared_ptr<Command>& c) {
-  // Started whole; the broker accounts it when the express Ready arrives (before its Done).
+  // Started whole; the broker accounts it when the express Ready arrives (before its Done),
+  // its wall time counted from `started_ns`.
   ctl::Ready r = ReadyOf(*c);
   r.express = 1;
   const auto now = std::chrono::steady_clock::now();

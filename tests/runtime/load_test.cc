@@ -137,8 +137,7 @@ void RunLoad(int clients, Loop loop, std::chrono::milliseconds run_for, int max_
 }
 
 int Iterations() {
-  const char* tsan = std::getenv("GMUX_TEST_FEW_ITERATIONS");
-  return tsan != nullptr ? 50 : 1 << 30;
+  return FewIterations() ? 50 : 1 << 30;
 }
 
 TEST(LoadTest, EightClosedLoopsOfTinyLaunches) {

@@ -208,6 +208,8 @@ bool EnvIs(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
+bool FewIterations() { return std::getenv("GMUX_TEST_FEW_ITERATIONS") != nullptr; }
+
 namespace {
 
 // Each mapping of a buffer on shared memory in /proc/self/maps: its range and its inode.

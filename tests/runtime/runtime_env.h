@@ -79,6 +79,10 @@ int RunShell(const std::string& cmd, std::string& out);
 // Whether the environment variable `name` is set to `value`.
 bool EnvIs(const char* name, const char* value);
 
+// Whether the tests should take fewer iterations and sizes: set (GMUX_TEST_FEW_ITERATIONS) by
+// scripts/test.sh's tsan stage, where the instrumented processes run many times slower.
+bool FewIterations();
+
 // The address ranges [from, to) of this process's mappings of buffers on shared memory (memfds
 // named "gmux-buffer": icd/connection.h, CreateStorage).
 std::vector<std::pair<uintptr_t, uintptr_t>> StorageMappings();

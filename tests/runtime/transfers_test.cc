@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -608,7 +607,7 @@ TEST(TransfersTest, EveryShapeArrivesIntact) {
                           (16u << 20) - 1, 16u << 20, 17u << 20};
   // Under ThreadSanitizer (GMUX_TEST_FEW_ITERATIONS), a size per path (inline, one frame or
   // chunk, several) at two offsets: its races are in the paths, not in the sizes.
-  const bool few = std::getenv("GMUX_TEST_FEW_ITERATIONS") != nullptr;
+  const bool few = FewIterations();
   const size_t few_sizes[] = {1, (64u << 10) + 5, (4u << 20) + 7, 17u << 20};
   uint32_t seed = 1;
   for (size_t n : sizes) {
