@@ -136,6 +136,11 @@ struct Command {
   // failed copy or piece fails the command even though the last backend event completed.
   std::shared_ptr<RemoteTransfer> remote;
 
+  // The marker of a write received in place (Session::DirectTarget): counted down here by the
+  // executor before its completion is counted, so that while a session's outstanding commands
+  // are no more than this count, every one of them is such a marker.
+  std::shared_ptr<std::atomic<uint64_t>> in_place_markers;
+
   // Executor-thread state of a launch being run in chunks.
   Ref<cl_event> last_chunk;             // each chunk waits for the previous one
   cl_int chunk_status = CL_SUCCESS;     // first failure among its chunks

@@ -205,6 +205,10 @@ void Executor::Deliver() {
     }
     e->status = status;
     batch.push_back(done);
+    if (e->job.last && c.in_place_markers) {
+      c.in_place_markers->fetch_sub(1);
+      c.in_place_markers.reset();
+    }
     if (e->job.last) finished.push_back(std::move(e));
   }
   // The scheduler first: delivering to the client may block on its socket, which must never

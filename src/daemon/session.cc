@@ -1788,18 +1788,13 @@ std::shared_ptr<HostBuffer> Session::DirectTarget(wire::BulkBegin::Reader r) {
   if (m == nullptr || !m->own_storage) return nullptr;
   if (r.getDestOffset() > m->size || r.getSize() > m->size - r.getDestOffset()) return nullptr;
   // Commands still in the batch go first (a run of blocking writes of one chunk each: the
-  // previous write's own command); if they are only earlier writes received in place, they
-  // are waited for below, else the data is staged.
+  // previous write's own command). If everything outstanding is the marker of an earlier write
+  // received in place, no command can see the bytes early: markers touch no memory. The count
+  // of markers falls before the count of outstanding commands (Executor::Deliver), and both
+  // only fall while this thread reads them, so `n <= markers` means only markers are left.
   SubmitPending();
-  if (const uint64_t n = sink_.Outstanding(); n != 0) {
-    // Only earlier writes received in place, whose commands take no time: waited for (a few
-    // milliseconds at most, if one waits behind something), so that a run of writes is received
-    // in place, not only its first.
-    if (n > direct_markers_->load()) return nullptr;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
-    sink_.WaitUntil(
-        [&] { return sink_.Outstanding() == 0 || std::chrono::steady_clock::now() > until; });
-    if (sink_.Outstanding() != 0) return nullptr;
+  if (const uint64_t n = sink_.Outstanding(); n != 0 && n > direct_markers_->load()) {
+    return nullptr;
   }
   return HostBuffer::View(m->own_storage, r.getDestOffset(), r.getSize());
 }
@@ -2341,6 +2336,7 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
                 cq, static_cast<cl_uint>(w.size()), w.empty() ? nullptr : w.data(), out);
           };
           direct_markers_->fetch_add(1);
+          cmd->in_place_markers = direct_markers_;
         } else {
           cmd->run = [mem = m->mem, data, off](cl_command_queue cq,
                                                const std::vector<cl_event>& w, cl_event* out) {
@@ -2354,11 +2350,8 @@ Session::Err Session::Enqueue(uint64_t seq, wire::Enqueue::Reader r, bool& repli
       cmd->block.bytes = data->bytes.size();
       // A write with a seq (its data in the client's shared memory) is answered once it ran, so
       // the client may reuse that memory.
-      cmd->finished = [core = core_, data, seq,
-                       markers = data->direct_mem != 0 ? direct_markers_ : nullptr](
-                          cl_int status) {
+      cmd->finished = [core = core_, data, seq](cl_int status) {
         core->bulk_bytes.fetch_sub(data->bytes.staged());
-        if (markers) markers->fetch_sub(1);
         if (seq != 0) core->SendStatus(seq, status == CL_COMPLETE ? CL_SUCCESS : status, "");
       };
       replied = seq != 0;
