@@ -48,7 +48,7 @@ reports_dir() {
 
 # The sanitizer stages build with -O1 and line tables only (-g1): enough for a report's stack
 # with file and line, and it halves their compile time (an instrumented -O2 -g build took
-# 29 min of CI's 80 on 2 cores; docs/testing.md, "Stage costs").
+# 29 min of CI's 80 on 2 cores; docs/testing.md, "What it costs").
 sanitizer_flags=(-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG")
 

@@ -1793,9 +1793,7 @@ std::shared_ptr<HostBuffer> Session::DirectTarget(wire::BulkBegin::Reader r) {
   // of markers falls before the count of outstanding commands (Executor::Deliver), and both
   // only fall while this thread reads them, so `n <= markers` means only markers are left.
   SubmitPending();
-  if (const uint64_t n = sink_.Outstanding(); n != 0 && n > direct_markers_->load()) {
-    return nullptr;
-  }
+  if (const uint64_t n = sink_.Outstanding(); n > direct_markers_->load()) return nullptr;
   return HostBuffer::View(m->own_storage, r.getDestOffset(), r.getSize());
 }
 

@@ -563,8 +563,9 @@ TEST_F(ServerTest, DataAnnouncedForAWriteServesOnlyThatWrite) {
 // TCP, each returning once sent): the next write's data arrives while the previous write's
 // command is still in the worker's batch. That command is handed over first and, being a write
 // received in place itself (a marker), does not count as in flight, so the next data is received
-// in place too instead of staged, however long the marker takes (docs/policies.md, "Transfers over TCP in place"). Seen from outside: data received in
-// place for buffer 3 cannot serve a write of buffer 4, where staged data would have.
+// in place too instead of staged, however long the marker takes (docs/policies.md, "Transfers
+// over TCP in place"). Seen from outside: data received in place for buffer 3 cannot serve a
+// write of buffer 4, where staged data would have.
 TEST_F(ServerTest, ARunOfOneChunkWritesIsReceivedInPlace) {
   RawClient c(socket());
   ASSERT_EQ(c.Hello(), 0);
