@@ -115,8 +115,10 @@ stage_asan() {
   export GMUX_TEST_FEW_ITERATIONS=1
   local rc=0
   # The 64-client load tests are left out as under TSan: 64 instrumented clients compiling cold
-  # on 2 cores take minutes; the 8-client ones run the same paths.
-  if ! run_ctest build-asan -E "$uninstrumented_tools|LoadTest\.SixtyFour"; then
+  # on 2 cores take minutes; the 8-client ones run the same paths. So are two of the six transfer
+  # variants, as under TSan (see stage_tsan; about 150 test-seconds): the main stage runs them.
+  if ! run_ctest build-asan -E "$uninstrumented_tools|LoadTest\.SixtyFour" \
+    -LE "^runtime/(transfers_inline_messages|transfers_shm)_test\$"; then
     rerun_tracer_crashes build-asan "$reports" || rc=1
   fi
   bash .ci/check-sanitizer-reports.sh "$reports" || rc=1
@@ -126,7 +128,7 @@ stage_asan() {
 stage_tsan() {
   # Only what the daemon's and the runtime tests need: the daemon's (and worker's) test
   # executables, every runtime test, and the programs they start.
-  local tests=() labels=runtime f
+  local tests=() labels='runtime/.*' f
   for f in tests/daemon/*_test.cc tests/worker/*_test.cc; do
     [ -e "$f" ] || continue
     tests+=("$(basename "$f" .cc)")
@@ -152,9 +154,9 @@ stage_tsan() {
   # asan stage reports every SEGV with its stack.
   export TSAN_OPTIONS="external_symbolizer_path=$symbolizer:halt_on_error=1:second_deadlock_stack=1:handle_segv=0:suppressions=$root/.ci/tsan.supp:log_path=$reports/tsan"
   export GMUX_TEST_FEW_ITERATIONS=1
-  # Tests are labelled by executable, runtime tests all "runtime". The 64-client load tests are
-  # left out: 128 instrumented processes on 2 cores run past the test timeout (the 8-client ones
-  # exercise the same paths).
+  # Tests are labelled by executable, runtime tests "runtime/<executable>". The 64-client load
+  # tests are left out: 128 instrumented processes on 2 cores run past the test timeout (the
+  # 8-client ones exercise the same paths).
   local rc=0
   run_ctest build-tsan -L "^($labels)\$" -E "$uninstrumented_tools|LoadTest\.SixtyFour" || rc=$?
   bash .ci/check-sanitizer-reports.sh "$reports" || rc=1
