@@ -789,12 +789,49 @@ uint64_t PrivateDataBytes() {
 }
 }  // namespace
 
-void Session::StorageBooks::ApplyLocked() const {
+void StorageBooks::ApplyLocked() const {
   if (data_limit == 0) return;
   rlimit lim{};
   if (::getrlimit(RLIMIT_DATA, &lim) != 0) return;
   lim.rlim_cur = bytes >= data_limit ? 0 : data_limit - bytes;
   ::setrlimit(RLIMIT_DATA, &lim);
+}
+
+void StorageBooks::KeepLocked(KeptMapping m,
+                                       std::vector<std::shared_ptr<HostBuffer>>& gone) {
+  kept_bytes += m.mapping->size();
+  kept.push_back(std::move(m));
+  while (kept_bytes > kKeptMappingsBytes || kept.size() > kKeptMappingsEntries) {
+    const uint64_t n = kept.front().mapping->size();
+    kept_bytes -= n;
+    UnbookLocked(n);
+    gone.push_back(std::move(kept.front().mapping));
+    kept.pop_front();
+  }
+}
+
+bool StorageBooks::DropKeptLocked(std::vector<std::shared_ptr<HostBuffer>>& gone) {
+  if (kept.empty()) return false;
+  for (KeptMapping& k : kept) {
+    UnbookLocked(k.mapping->size());
+    gone.push_back(std::move(k.mapping));
+  }
+  kept.clear();
+  kept_bytes = 0;
+  ApplyLocked();
+  return true;
+}
+
+std::shared_ptr<HostBuffer> StorageBooks::TakeKeptLocked(uint64_t dev, uint64_t ino,
+                                                                  size_t size) {
+  for (auto it = kept.rbegin(); it != kept.rend(); ++it) {
+    if (it->dev != dev || it->ino != ino || it->mapping->size() != size) continue;
+    std::shared_ptr<HostBuffer> m = std::move(it->mapping);
+    kept_bytes -= size;
+    kept.erase(std::next(it).base());
+    return m;
+  }
+  return nullptr;
 }
 
 Result<std::shared_ptr<HostBuffer>> Session::ArenaFor(uint32_t arena) {
@@ -825,18 +862,23 @@ bool Session::StorageRoom(uint64_t bytes, bool own_mapping) {
   // fits only while they and the private data in use stay within the limit together. So a
   // tenant's memory is bounded the same wherever its buffers live; past it a buffer is made
   // in the worker's own memory, where the limit refuses it.
+  std::vector<std::shared_ptr<HostBuffer>> gone;  // unmapped after the lock
   std::lock_guard<std::mutex> lock(storage_books_->mu);
   StorageBooks& b = *storage_books_;
   b.ReadLimitLocked();
-  if (own_mapping && b.buffers >= kMaxStorageBuffers) return false;
-  if (b.data_limit != 0 && b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) return false;
+  const auto fits = [&] {
+    return !(own_mapping && b.buffers >= kMaxStorageBuffers) &&
+           !(b.data_limit != 0 && b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit);
+  };
+  // Released buffers' mappings kept for reuse give way first.
+  if (!fits() && (!b.DropKeptLocked(gone) || !fits())) return false;
   b.bytes += bytes;
   if (own_mapping) ++b.buffers;
   b.ApplyLocked();
   return true;
 }
 
-void Session::StorageBooks::ReadLimitLocked() {
+void StorageBooks::ReadLimitLocked() {
   if (limit_read) return;
   rlimit lim{};
   if (::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
@@ -845,15 +887,18 @@ void Session::StorageBooks::ReadLimitLocked() {
   limit_read = true;
 }
 
-uint64_t Session::StorageBooks::PrivateInUseLocked() {
+uint64_t StorageBooks::PrivateInUseLocked() {
   return std::max(PrivateDataBytes(), base_private + private_buffers);
 }
 
 Session::Err Session::PrivateRoom(uint64_t bytes, const char* what,
                                   std::shared_ptr<void>* booking) {
+  std::vector<std::shared_ptr<HostBuffer>> gone;  // unmapped after the lock
   std::lock_guard<std::mutex> lock(storage_books_->mu);
   StorageBooks& b = *storage_books_;
   if (b.data_limit == 0) return {};  // no limit: nothing to book
+  // Released buffers' mappings kept for reuse give way first.
+  if (b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) b.DropKeptLocked(gone);
   if (b.bytes + bytes + b.PrivateInUseLocked() > b.data_limit) {
     // Released staging buffers kept for reuse count in VmData: given back, then measured again.
     std::vector<KeptBuffers::Kept> dropping;
@@ -881,6 +926,12 @@ Session::Err Session::PrivateRoom(uint64_t bytes, const char* what,
 
 Session::~Session() {
   core_->closed = true;
+  {
+    std::vector<std::shared_ptr<HostBuffer>> gone;
+    std::lock_guard<std::mutex> lock(storage_books_->mu);
+    storage_books_->closed = true;
+    storage_books_->DropKeptLocked(gone);
+  }
   {
     auto lock = residency_->Lock();
     mems_.clear();
@@ -1119,7 +1170,10 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         in_place = StorageFor(*ctx);
         std::shared_ptr<HostBuffer> mapped;
         uint64_t at = 0;
+        uint64_t memfd_dev = 0, memfd_ino = 0;
+        bool memfd_kept = true;  // `mapped` was kept from a released buffer, still booked
         if (r.getStorageArena() != 0) {
+          memfd_kept = false;
           // A small buffer in one of the client's arenas (mapped here once, for the session).
           auto found = ArenaFor(r.getStorageArena());
           if (!found.ok()) return {CL_INVALID_VALUE, found.status().message()};
@@ -1135,9 +1189,23 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
           if (passed_fd_ < 0) return {CL_INVALID_VALUE, "buffer storage without a descriptor"};
           int fd = passed_fd_;
           passed_fd_ = -1;
-          auto whole = HostBuffer::MapSealed(fd, r.getSize(), /*populate=*/false);
-          if (!whole.ok()) return {CL_INVALID_VALUE, whole.status().message()};
-          mapped = *whole;
+          // A released buffer's memory again: its mapping here, if kept, with every page the
+          // device touched still in place (StorageBooks::kept).
+          struct stat st{};
+          if (::fstat(fd, &st) == 0) {
+            memfd_dev = static_cast<uint64_t>(st.st_dev);
+            memfd_ino = static_cast<uint64_t>(st.st_ino);
+            std::lock_guard<std::mutex> lock(storage_books_->mu);
+            mapped = storage_books_->TakeKeptLocked(memfd_dev, memfd_ino, r.getSize());
+          }
+          if (mapped) {
+            ::close(fd);
+          } else {
+            auto whole = HostBuffer::MapSealed(fd, r.getSize(), /*populate=*/false);
+            if (!whole.ok()) return {CL_INVALID_VALUE, whole.status().message()};
+            mapped = *whole;
+            memfd_kept = false;
+          }
         }
         // A slot inside a page on a device that works in place on whole pages only: no
         // storage, answered plainly (the client's later page-aligned slots may have it).
@@ -1146,18 +1214,33 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         const bool own_mapping = r.getStorageArena() == 0;
         const uint64_t booked =
             own_mapping ? r.getSize() : (r.getSize() + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
-        on_storage = in_place && (own_mapping || SlotStorageFor(*ctx, at, r.getSize())) &&
-                     StorageRoom(booked, own_mapping);
+        if (memfd_kept && !in_place) {
+          std::lock_guard<std::mutex> lock(storage_books_->mu);
+          storage_books_->UnbookLocked(booked);
+          storage_books_->ApplyLocked();
+        }
+        on_storage = in_place && (memfd_kept || ((own_mapping || SlotStorageFor(*ctx, at,
+                                                                                r.getSize())) &&
+                                                 StorageRoom(booked, own_mapping)));
         if (on_storage) {
           // The device's first touch of each page would fault in this process too (an output
           // buffer's, or an input's the application wrote): a large one is faulted in ahead.
           if (own_mapping && r.getSize() >= Prefaulter::kMinBytes) mapped->FaultInAhead();
           // Booked until the mapping goes (the buffer's last backend object destroyed).
-          auto unbook = [keep = mapped, books = storage_books_, n = booked,
-                         own_mapping](uint8_t*) {
+          // A buffer's own mapping of up to 32 MiB is kept for the client's next buffer on
+          // that memory, still booked.
+          const bool keepable = own_mapping && memfd_ino != 0 &&
+                                booked <= StorageBooks::kKeptMappingMaxBytes;
+          auto unbook = [keep = mapped, books = storage_books_, n = booked, own_mapping,
+                         keepable, memfd_dev, memfd_ino](uint8_t*) {
+            std::vector<std::shared_ptr<HostBuffer>> gone;  // unmapped after the lock
             std::lock_guard<std::mutex> lock(books->mu);
-            books->bytes -= n;
-            if (own_mapping) --books->buffers;
+            if (keepable && !books->closed) {
+              books->KeepLocked({memfd_dev, memfd_ino, keep}, gone);
+            } else {
+              books->bytes -= n;
+              if (own_mapping) --books->buffers;
+            }
             books->ApplyLocked();
           };
           storage = std::shared_ptr<uint8_t>(mapped->data() + at, std::move(unbook));

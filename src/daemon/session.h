@@ -173,6 +173,56 @@ struct SessionCore {
   std::thread writer_;
 };
 
+// A session's buffers on shared memory still mapped, and the worker's memory limit they share
+// with its private memory (Session::StorageRoom). Shared by the session and the deleters of its
+// buffers' storage, which may run on other threads.
+struct StorageBooks {
+  std::mutex mu;
+  uint64_t bytes = 0, buffers = 0;
+  bool limit_read = false;  // data_limit is read before the first buffer is booked
+  uint64_t data_limit = 0;  // RLIMIT_DATA as the worker started (0: none)
+  // Buffers made in the worker's own memory and not released (with their sub-buffers and
+  // images on them), and the private data in use (VmData) when the session began: the
+  // backend may allocate a buffer's memory only at its first use, so VmData alone does not
+  // show them yet.
+  uint64_t private_buffers = 0;
+  uint64_t base_private = 0;  // read when the session begins, if there is a limit
+  // Reads data_limit once (mu held).
+  void ReadLimitLocked();
+  // The worker's private memory in use or promised to buffers, to count against data_limit
+  // (mu held; reads /proc/self/status).
+  uint64_t PrivateInUseLocked();
+  // Lowers RLIMIT_DATA by what is on shared memory (mu held).
+  void ApplyLocked() const;
+  // Mappings of released buffers' shared memory, kept (still booked) for the next buffer on
+  // the same memfd: the client's ICD gives a released buffer's memory to its next buffer of
+  // that size (icd/connection.h, PoolStorage), and a new mapping of it here would have the
+  // device fault every page in again, a trap into the hypervisor each on a VM
+  // (docs/performance.md, "Reused buffers keep their mapping"). The client pool's bounds; the
+  // oldest go first, and all of them when the memory is wanted (StorageRoom, PrivateRoom).
+  struct KeptMapping {
+    uint64_t dev = 0, ino = 0;  // the memfd's identity (it stays open while mapped)
+    std::shared_ptr<HostBuffer> mapping;
+  };
+  static constexpr uint64_t kKeptMappingMaxBytes = 32u << 20;
+  static constexpr uint64_t kKeptMappingsBytes = 64u << 20;
+  static constexpr size_t kKeptMappingsEntries = 16;
+  std::deque<KeptMapping> kept;
+  uint64_t kept_bytes = 0;
+  bool closed = false;  // the session ended: nothing more is kept
+  // Keeps `m` (mu held); those pushed out are unbooked and moved to `gone`, to be unmapped
+  // by the caller after unlocking.
+  void KeepLocked(KeptMapping m, std::vector<std::shared_ptr<HostBuffer>>& gone);
+  // Unbooks every kept mapping and moves them to `gone` (mu held); whether there were any.
+  bool DropKeptLocked(std::vector<std::shared_ptr<HostBuffer>>& gone);
+  // The mapping kept for memfd (dev, ino) of `size` bytes, still booked (mu held); null: none.
+  std::shared_ptr<HostBuffer> TakeKeptLocked(uint64_t dev, uint64_t ino, size_t size);
+  // Unbooks a buffer's own mapping of `n` bytes (mu held).
+  void UnbookLocked(uint64_t n) {
+    bytes -= n;
+    --buffers;
+  }
+};
 
 class Session {
  public:
@@ -412,27 +462,6 @@ class Session {
   // Whether a small buffer of `size` bytes at `offset` that is not whole pages works in place
   // too (probed once per device with a 256-byte buffer 256 bytes into a page).
   bool SlotStorageFor(const ContextObj& ctx, uint64_t offset, uint64_t size);
-  // The session's buffers on shared memory still mapped, and the worker's memory limit they
-  // share with its private memory (StorageRoom).
-  struct StorageBooks {
-    std::mutex mu;
-    uint64_t bytes = 0, buffers = 0;
-    bool limit_read = false;  // data_limit is read before the first buffer is booked
-    uint64_t data_limit = 0;  // RLIMIT_DATA as the worker started (0: none)
-    // Buffers made in the worker's own memory and not released (with their sub-buffers and
-    // images on them), and the private data in use (VmData) when the session began: the
-    // backend may allocate a buffer's memory only at its first use, so VmData alone does not
-    // show them yet.
-    uint64_t private_buffers = 0;
-    uint64_t base_private = 0;  // read when the session begins, if there is a limit
-    // Reads data_limit once (mu held).
-    void ReadLimitLocked();
-    // The worker's private memory in use or promised to buffers, to count against data_limit
-    // (mu held; reads /proc/self/status).
-    uint64_t PrivateInUseLocked();
-    // Lowers RLIMIT_DATA by what is on shared memory (mu held).
-    void ApplyLocked() const;
-  };
   std::shared_ptr<StorageBooks> storage_books_ = std::make_shared<StorageBooks>();
   // Books `bytes` more on shared memory when they fit; false to make the buffer in the
   // worker's own memory.

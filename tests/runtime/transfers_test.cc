@@ -19,9 +19,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -137,6 +139,33 @@ TEST(TransfersTest, LargeWritesAndReadsArriveIntact) {
 size_t FreshStorageBytes() {
   static std::atomic<size_t> step{0};
   return (1u << 20) + 4096 * step.fetch_add(1);
+}
+
+// Resident bytes of other processes' mappings of the memfd `inode` (the worker's mapping of a
+// buffer's storage), from /proc/PID/smaps; -1 when no other process maps it.
+long long PeerResidentBytes(uint64_t inode) {
+  long long total = -1;
+  const std::string self = std::to_string(::getpid());
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid == self || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream smaps(e.path() / "smaps");
+    bool ours = false;
+    for (std::string line; std::getline(smaps, line);) {
+      if (line.find("memfd:gmux-buffer") != std::string::npos) {
+        // from-to perms offset dev inode path
+        std::istringstream in(line);
+        std::string range, perms, offset, dev;
+        uint64_t ino = 0;
+        in >> range >> perms >> offset >> dev >> ino;
+        ours = ino == inode;
+      } else if (ours && line.rfind("Rss:", 0) == 0) {
+        total = std::max(total, 0LL) + std::atoll(line.c_str() + 4) * 1024;
+        ours = false;
+      }
+    }
+  }
+  return total;
 }
 
 // The elements of `after` not in `before`.
@@ -403,6 +432,16 @@ TEST(TransfersTest, ReleasedBufferMemoryIsReusedOnlyWhenNothingCanWriteIt) {
   const std::set<uint64_t> with_b = StorageFiles();
   EXPECT_TRUE(Added(with_a, with_b).empty()) << "a new memfd although one of the size was kept";
   for (uint64_t f : file_a) EXPECT_EQ(with_b.count(f), 1u) << "the memory was not reused";
+  // The worker kept its mapping of that memory too (Session::StorageBooks::kept): the pages
+  // the kernel wrote through it are still in place, where a new mapping would have none and the
+  // device would fault each in again (readable where the worker runs as this user or as root).
+  if (storage && file_a.size() == 1) {
+    const long long resident = PeerResidentBytes(*file_a.begin());
+    if (resident >= 0 || ::geteuid() == 0) {
+      EXPECT_GE(resident, static_cast<long long>(n * 4) - 4096)
+          << "the worker mapped the reused memory anew";
+    }
+  }
   auto pat = Pattern(n, 9);
   ASSERT_EQ(clEnqueueWriteBuffer(d.queue, b, CL_TRUE, 0, n * 4, pat.data(), 0, nullptr,
                                  nullptr), CL_SUCCESS);
