@@ -775,6 +775,9 @@ bool Session::SlotStorageFor(const ContextObj& ctx, uint64_t offset, uint64_t si
 }
 
 namespace {
+// Appended to the build options of programs from source (BUILD_PROGRAM, COMPILE_PROGRAM).
+constexpr std::string_view kArgInfoOption = " -cl-kernel-arg-info";
+
 // Buffers on shared memory one session may hold: each is a mapping, and a process has at most
 // vm.max_map_count (65,530 by default) for everything.
 constexpr uint64_t kMaxStorageBuffers = 8192;
@@ -1508,6 +1511,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
                                 req.getCompileProgram().getIncludeFiles());
       if (!inc_err.empty()) return {CL_INVALID_BUILD_OPTIONS, inc_err};
       options = includes.Options() + options;
+      // Programs from source are built with their kernels' argument info (address qualifiers
+      // and types), which CREATE_KERNEL reports to the client for its clSetKernelArg checks.
+      // The application's CL_PROGRAM_BUILD_OPTIONS does not show it (kArgInfoOption).
+      if (!p->from_binary && options.find(kArgInfoOption) == std::string::npos) {
+        options += kArgInfoOption;
+      }
       cl_int err;
       if (build && p->from_binary && p->built) {
         // Built again from the same binary: nothing can change, and PoCL 3.1 asserts in its
@@ -1653,8 +1662,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       kernels_[r.getId()] = std::move(ko);
       auto kr = root.initKernel();
       kr.setNumArgs(nargs);
-      // Address qualifiers let the client tell a __local size from a NULL buffer argument.
+      // Address qualifiers let the client tell a __local size from a NULL buffer argument, and
+      // a by-value argument's size lets it refuse a wrong arg_size at clSetKernelArg, as OpenCL
+      // does (CL_INVALID_ARG_SIZE), rather than at a fire-and-forget launch, whose failure a
+      // program sees only in the event's status.
       auto quals = kr.initArgAddressQualifiers(nargs);
+      auto sizes = kr.initArgValueSizes(nargs);
       for (cl_uint i = 0; i < nargs; ++i) {
         cl_kernel_arg_address_qualifier q = 0;
         if (cl_.clGetKernelArgInfo(k, i, CL_KERNEL_ARG_ADDRESS_QUALIFIER, sizeof(q), &q, nullptr) !=
@@ -1662,6 +1675,12 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
           q = 0;
         }
         quals.set(i, q);
+        char type[64] = {};
+        if (q == CL_KERNEL_ARG_ADDRESS_PRIVATE &&
+            cl_.clGetKernelArgInfo(k, i, CL_KERNEL_ARG_TYPE_NAME, sizeof(type) - 1, type,
+                                   nullptr) == CL_SUCCESS) {
+          sizes.set(i, ArgValueSize(type));
+        }
       }
       return {};
     }
@@ -2052,6 +2071,21 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
       cl_program h = pr->program->h;
       if (p >= CL_PROGRAM_BUILD_STATUS && p <= CL_PROGRAM_BUILD_GLOBAL_VARIABLE_TOTAL_SIZE) {
         if (dev == nullptr) return {CL_INVALID_DEVICE, "build info needs a device"};
+        if (p == CL_PROGRAM_BUILD_OPTIONS) {
+          // The options as the application gave them: without the argument info added.
+          std::string opts;
+          Err e = query([&](size_t s, void* v, size_t* o) {
+            return cl_.clGetProgramBuildInfo(h, dev, p, s, v, o);
+          });
+          if (!e.ok()) return e;
+          auto got = reply.getRoot<wire::Reply>().getInfo();
+          opts.assign(reinterpret_cast<const char*>(got.begin()), got.size());
+          opts = opts.c_str();
+          if (opts.ends_with(kArgInfoOption)) opts.resize(opts.size() - kArgInfoOption.size());
+          reply.getRoot<wire::Reply>().setInfo(
+              kj::arrayPtr(reinterpret_cast<const uint8_t*>(opts.c_str()), opts.size() + 1));
+          return {};
+        }
         return query([&](size_t s, void* v, size_t* o) {
           return cl_.clGetProgramBuildInfo(h, dev, p, s, v, o);
         });

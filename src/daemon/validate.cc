@@ -207,4 +207,33 @@ ClStatus ValidateCopyBuffer(uint64_t src_buffer_size, uint64_t src_offset,
   return ClStatus::Ok();
 }
 
+uint32_t ArgValueSize(std::string_view type_name) {
+  struct Scalar {
+    std::string_view name;
+    uint32_t size;
+  };
+  // Kernel arguments cannot be bool, size_t, ptrdiff_t, intptr_t or uintptr_t (OpenCL 1.2,
+  // 6.9.k), so those are not here.
+  static constexpr Scalar kScalars[] = {
+      {"char", 1},  {"uchar", 1}, {"short", 2}, {"ushort", 2}, {"int", 4},   {"uint", 4},
+      {"long", 8},  {"ulong", 8}, {"half", 2},  {"float", 4},  {"double", 8}};
+  std::string_view base = type_name;
+  uint32_t lanes = 1;
+  for (uint32_t n : {16u, 8u, 4u, 3u, 2u}) {
+    const std::string suffix = std::to_string(n);
+    if (base.size() > suffix.size() && base.ends_with(suffix)) {
+      base.remove_suffix(suffix.size());
+      lanes = n;
+      break;
+    }
+  }
+  // A 3-component vector is the size of a 4-component one (OpenCL 1.2, 6.1.5), but PoCL takes
+  // its packed size too: left to the backend.
+  if (lanes == 3) return 0;
+  for (const Scalar& s : kScalars) {
+    if (s.name == base) return s.size * lanes;
+  }
+  return 0;
+}
+
 }  // namespace gmux::daemon

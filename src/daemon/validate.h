@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace gmux::daemon {
 
@@ -110,5 +111,12 @@ enum class CopyBuffers { kDistinct, kSameBuffer };
 ClStatus ValidateCopyBuffer(uint64_t src_buffer_size, uint64_t src_offset,
                             uint64_t dst_buffer_size, uint64_t dst_offset, uint64_t size,
                             CopyBuffers buffers);
+
+// The size a kernel argument passed by value must be given (clSetKernelArg's arg_size), from its
+// CL_KERNEL_ARG_TYPE_NAME: OpenCL C's scalar types and their 2-, 4-, 8- and 16-component
+// vectors. 0 for any other type (a 3-component vector, which OpenCL sizes as 4 components but
+// PoCL also takes packed; a struct, a typedef, an image, a sampler, a pipe): unknown here, left
+// to the backend when the kernel is launched.
+uint32_t ArgValueSize(std::string_view type_name);
 
 }  // namespace gmux::daemon

@@ -33,6 +33,11 @@ cl_kernel CL_API_CALL CreateKernel(cl_program p, const char* name, cl_int* err) 
     quals[i] = reply_quals[i];
   }
   k->arg_qualifiers = std::move(quals);
+  auto reply_sizes = kr.getArgValueSizes();
+  k->arg_value_sizes.assign(k->args.size(), 0);
+  for (unsigned i = 0; i < k->args.size() && i < reply_sizes.size(); ++i) {
+    k->arg_value_sizes[i] = reply_sizes[i];
+  }
   RetainProgram(p);
   SetErr(err, CL_SUCCESS);
   return owned.release();
@@ -114,10 +119,16 @@ cl_int CL_API_CALL SetKernelArg(cl_kernel k, cl_uint index, size_t size, const v
     if (m->context != k->program->context) return CL_INVALID_MEM_OBJECT;
     slot.type = KernelArgSlot::kMem;
     slot.mem = m->id;
+  } else if ((qual == CL_KERNEL_ARG_ADDRESS_GLOBAL || qual == CL_KERNEL_ARG_ADDRESS_CONSTANT) &&
+             size == sizeof(cl_mem) && *static_cast<const cl_mem*>(value) == nullptr) {
+    slot.type = KernelArgSlot::kNullMem;  // a pointer to a NULL buffer (OpenCL 1.2, 5.7.2)
   } else if (qual == CL_KERNEL_ARG_ADDRESS_GLOBAL || qual == CL_KERNEL_ARG_ADDRESS_CONSTANT) {
     return CL_INVALID_MEM_OBJECT;
   } else {
-    if (size == 0) return CL_INVALID_ARG_SIZE;
+    // A by-value argument of a type whose size the worker knows (0: unknown, the backend
+    // checks it when the kernel is launched).
+    const uint32_t want = index < k->arg_value_sizes.size() ? k->arg_value_sizes[index] : 0;
+    if (size == 0 || (want != 0 && size != want)) return CL_INVALID_ARG_SIZE;
     slot.type = KernelArgSlot::kValue;
     const auto* b = static_cast<const uint8_t*>(value);
     slot.bytes.assign(b, b + size);

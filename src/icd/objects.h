@@ -193,6 +193,8 @@ struct _cl_kernel : gmux::icd::ObjectHeader {
   // Each argument's address qualifier (CL_KERNEL_ARG_ADDRESS_*; 0 where the backend did not
   // say), which tells a buffer argument from a value of pointer size.
   std::vector<cl_uint> arg_qualifiers;
+  // Per argument: the arg_size a by-value argument must be given (0: unknown; KernelReply).
+  std::vector<uint32_t> arg_value_sizes;
   // clGetKernelWorkGroupInfo answers that cannot change for this kernel on a device (guarded by
   // mu): programs often ask before every launch, and each answer would cost a round trip.
   std::vector<std::pair<std::pair<const void*, cl_uint>, std::vector<uint8_t>>> wg_info;

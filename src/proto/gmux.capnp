@@ -265,6 +265,7 @@ struct CreateKernel {
 struct KernelReply {
   numArgs @0 :UInt32;
   argAddressQualifiers @1 :List(UInt32);  # cl_kernel_arg_address_qualifier per argument, 0: unknown
+  argValueSizes @2 :List(UInt32);  # the arg_size a by-value argument must have, 0: unknown or none
 }
 
 struct CreateUserEvent {

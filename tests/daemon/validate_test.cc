@@ -233,5 +233,33 @@ TEST(ValidateCopyBufferTest, RegionsAndOverlap) {
   EXPECT_EQ(dst.message.rfind("destination", 0), 0u) << dst.message;
 }
 
+TEST(ArgValueSizeTest, ScalarsAndVectorsHaveTheirSizeOthersAreUnknown) {
+  EXPECT_EQ(ArgValueSize("char"), 1u);
+  EXPECT_EQ(ArgValueSize("uchar"), 1u);
+  EXPECT_EQ(ArgValueSize("short"), 2u);
+  EXPECT_EQ(ArgValueSize("half"), 2u);
+  EXPECT_EQ(ArgValueSize("int"), 4u);
+  EXPECT_EQ(ArgValueSize("uint"), 4u);
+  EXPECT_EQ(ArgValueSize("float"), 4u);
+  EXPECT_EQ(ArgValueSize("long"), 8u);
+  EXPECT_EQ(ArgValueSize("ulong"), 8u);
+  EXPECT_EQ(ArgValueSize("double"), 8u);
+  EXPECT_EQ(ArgValueSize("float4"), 16u);
+  EXPECT_EQ(ArgValueSize("int2"), 8u);
+  EXPECT_EQ(ArgValueSize("uchar16"), 16u);
+  EXPECT_EQ(ArgValueSize("double8"), 64u);
+  EXPECT_EQ(ArgValueSize("double16"), 128u);
+  // Unknown here: structs, typedefs, pointers, images, samplers, malformed names.
+  EXPECT_EQ(ArgValueSize("pair_t"), 0u);
+  EXPECT_EQ(ArgValueSize("struct pair"), 0u);
+  EXPECT_EQ(ArgValueSize("int*"), 0u);
+  EXPECT_EQ(ArgValueSize("image2d_t"), 0u);
+  EXPECT_EQ(ArgValueSize("sampler_t"), 0u);
+  EXPECT_EQ(ArgValueSize("short3"), 0u) << "4 components' size or packed: the backend's";
+  EXPECT_EQ(ArgValueSize("float5"), 0u);
+  EXPECT_EQ(ArgValueSize("4"), 0u);
+  EXPECT_EQ(ArgValueSize(""), 0u);
+}
+
 }  // namespace
 }  // namespace gmux::daemon
