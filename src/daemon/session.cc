@@ -1514,9 +1514,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       // Programs from source are built with their kernels' argument info (address qualifiers
       // and types), which CREATE_KERNEL reports to the client for its clSetKernelArg checks.
       // The application's CL_PROGRAM_BUILD_OPTIONS does not show it (kArgInfoOption).
-      if (!p->from_binary && options.find(kArgInfoOption) == std::string::npos) {
-        options += kArgInfoOption;
-      }
+      p->arg_info_added = !p->source.empty();
+      if (p->arg_info_added) options += kArgInfoOption;
       cl_int err;
       if (build && p->from_binary && p->built) {
         // Built again from the same binary: nothing can change, and PoCL 3.1 asserts in its
@@ -2081,7 +2080,9 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
           auto got = reply.getRoot<wire::Reply>().getInfo();
           opts.assign(reinterpret_cast<const char*>(got.begin()), got.size());
           opts = opts.c_str();
-          if (opts.ends_with(kArgInfoOption)) opts.resize(opts.size() - kArgInfoOption.size());
+          if (pr->arg_info_added && opts.ends_with(kArgInfoOption)) {
+            opts.resize(opts.size() - kArgInfoOption.size());
+          }
           reply.getRoot<wire::Reply>().setInfo(
               kj::arrayPtr(reinterpret_cast<const uint8_t*>(opts.c_str()), opts.size() + 1));
           return {};

@@ -279,6 +279,7 @@ class Session {
     bool linked = false;     // made by clLinkProgram: not built or compiled again
     bool from_binary = false;  // made by clCreateProgramWithBinary
     bool built = false;        // clBuildProgram succeeded at least once
+    bool arg_info_added = false;  // its last build or compile had kArgInfoOption appended
     // Not splittable only for the builtins a prelude restores (kernel_scan.h): its variants.
     std::shared_ptr<RestoredVariants> variants{};
     bool restore_needs_local = false;  // it uses group ids: only launches with a local size

@@ -407,6 +407,16 @@ TEST_P(FeaturesTest, ByValueArgumentsOfTheWrongSizeAreRefusedAtTheCall) {
   ASSERT_EQ(clGetProgramBuildInfo(p, d_.device, CL_PROGRAM_BUILD_OPTIONS, n, opts.data(),
                                   nullptr), CL_SUCCESS);
   EXPECT_STREQ(opts.c_str(), "-DUNUSED=1");
+  // Also when the application asked for the argument info itself.
+  cl_program q = BuildProgram(d_, kScale, nullptr, "-DX=2 -cl-kernel-arg-info");
+  ASSERT_NE(q, nullptr);
+  ASSERT_EQ(clGetProgramBuildInfo(q, d_.device, CL_PROGRAM_BUILD_OPTIONS, 0, nullptr, &n),
+            CL_SUCCESS);
+  opts.assign(n, '\0');
+  ASSERT_EQ(clGetProgramBuildInfo(q, d_.device, CL_PROGRAM_BUILD_OPTIONS, n, opts.data(),
+                                  nullptr), CL_SUCCESS);
+  EXPECT_STREQ(opts.c_str(), "-DX=2 -cl-kernel-arg-info");
+  clReleaseProgram(q);
   clReleaseMemObject(out);
   clReleaseKernel(k);
   clReleaseProgram(p);
