@@ -800,8 +800,7 @@ void StorageBooks::ApplyLocked() const {
   ::setrlimit(RLIMIT_DATA, &lim);
 }
 
-void StorageBooks::KeepLocked(KeptMapping m,
-                                       std::vector<std::shared_ptr<HostBuffer>>& gone) {
+void StorageBooks::KeepLocked(KeptMapping m, std::vector<std::shared_ptr<HostBuffer>>& gone) {
   kept_bytes += m.mapping->size();
   kept.push_back(std::move(m));
   while (kept_bytes > kKeptMappingsBytes || kept.size() > kKeptMappingsEntries) {
@@ -826,7 +825,7 @@ bool StorageBooks::DropKeptLocked(std::vector<std::shared_ptr<HostBuffer>>& gone
 }
 
 std::shared_ptr<HostBuffer> StorageBooks::TakeKeptLocked(uint64_t dev, uint64_t ino,
-                                                                  size_t size) {
+                                                         size_t size) {
   for (auto it = kept.rbegin(); it != kept.rend(); ++it) {
     if (it->dev != dev || it->ino != ino || it->mapping->size() != size) continue;
     std::shared_ptr<HostBuffer> m = std::move(it->mapping);

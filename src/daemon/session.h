@@ -198,8 +198,9 @@ struct StorageBooks {
   // the same memfd: the client's ICD gives a released buffer's memory to its next buffer of
   // that size (icd/connection.h, PoolStorage), and a new mapping of it here would have the
   // device fault every page in again, a trap into the hypervisor each on a VM
-  // (docs/performance.md, "Reused buffers keep their mapping"). The client pool's bounds; the
-  // oldest go first, and all of them when the memory is wanted (StorageRoom, PrivateRoom).
+  // (docs/performance.md, "Reused buffers keep their mapping in the worker"). The client pool's
+  // bounds; the oldest go first, and all of them when the memory is wanted (StorageRoom,
+  // PrivateRoom).
   struct KeptMapping {
     uint64_t dev = 0, ino = 0;  // the memfd's identity (it stays open while mapped)
     std::shared_ptr<HostBuffer> mapping;

@@ -105,6 +105,8 @@ cl_int CL_API_CALL SetKernelArg(cl_kernel k, cl_uint index, size_t size, const v
     slot.type = KernelArgSlot::kLocal;
     slot.local = size;
   } else if (value == nullptr) {
+    // A by-value argument needs its value (OpenCL 1.2, 5.7.2); a buffer's may be NULL.
+    if (qual == CL_KERNEL_ARG_ADDRESS_PRIVATE) return CL_INVALID_ARG_VALUE;
     if (size != sizeof(cl_mem)) return CL_INVALID_ARG_SIZE;
     slot.type = KernelArgSlot::kNullMem;
   } else if (size == sizeof(cl_sampler) && Valid(*static_cast<const cl_sampler*>(value))) {

@@ -4,6 +4,7 @@
 // asked once; kernel arguments are checked against the daemon's KernelReply; a blocking read
 // assembles the daemon's inline chunks; an unasked error report surfaces at the next clFinish.
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -339,6 +340,34 @@ TEST_F(IcdKernelArgsTest, LaunchWithAnUnsetArgumentFailsWithoutAnEnqueue) {
   EXPECT_EQ(daemon().Count(wire::Request::ENQUEUE), 1u);
   EXPECT_EQ(sent_args.load(), static_cast<int>(kNumArgs));
   EXPECT_EQ(sent_last.load(), 39);
+}
+
+// The sizes the daemon's KernelReply gives by-value arguments are enforced at the call; an
+// argument whose size it does not know (0, or a reply without the list) takes any size.
+TEST_F(IcdKernelArgsTest, ByValueSizesFromTheKernelReplyAreEnforcedAtTheCall) {
+  ScopedHandler handler(daemon(), [](wire::Request::Reader r) {
+    if (!r.isCreateKernel()) return FakeDaemon::Default(r);
+    Response resp;
+    auto kr = resp.AddReply(r.getSeq()).initKernel();
+    kr.setNumArgs(3);
+    auto quals = kr.initArgAddressQualifiers(3);
+    for (unsigned i = 0; i < 3; ++i) quals.set(i, CL_KERNEL_ARG_ADDRESS_PRIVATE);
+    auto sizes = kr.initArgValueSizes(2);  // shorter than the arguments: the last unknown
+    sizes.set(0, 4);
+    sizes.set(1, 0);
+    return resp;
+  });
+  ASSERT_NO_FATAL_FAILURE(MakeKernel());
+  const int64_t v = 7;
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 0, 8, &v), CL_INVALID_ARG_SIZE);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 0, 2, &v), CL_INVALID_ARG_SIZE);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 0, 4, &v), CL_SUCCESS);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 1, 8, &v), CL_SUCCESS);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 1, 3, &v), CL_SUCCESS);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 2, 6, &v), CL_SUCCESS);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 1, 0, &v), CL_INVALID_ARG_SIZE);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 0, 4, nullptr), CL_INVALID_ARG_VALUE);
+  EXPECT_EQ(cl().clSetKernelArg(kernel_, 1, 8, nullptr), CL_INVALID_ARG_VALUE);
 }
 
 // ---- transfers and errors ----

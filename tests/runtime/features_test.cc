@@ -379,6 +379,7 @@ TEST_P(FeaturesTest, ByValueArgumentsOfTheWrongSizeAreRefusedAtTheCall) {
   EXPECT_EQ(clSetKernelArg(k, 2, 8, f4), CL_INVALID_ARG_SIZE);
   EXPECT_EQ(clSetKernelArg(k, 3, 4, &i4), CL_INVALID_ARG_SIZE);
   EXPECT_EQ(clSetKernelArg(k, 6, 4, &i4), CL_INVALID_ARG_SIZE);
+  EXPECT_EQ(clSetKernelArg(k, 6, 8, nullptr), CL_INVALID_ARG_VALUE) << "a value is needed";
   cl_mem out = clCreateBuffer(d_.context, CL_MEM_READ_WRITE, sizeof(int), nullptr, &err);
   ASSERT_EQ(err, CL_SUCCESS);
   ASSERT_EQ(clSetKernelArg(k, 0, sizeof(cl_mem), &out), CL_SUCCESS);
