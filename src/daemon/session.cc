@@ -1173,9 +1173,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
         std::shared_ptr<HostBuffer> mapped;
         uint64_t at = 0;
         uint64_t memfd_dev = 0, memfd_ino = 0;
-        bool memfd_kept = true;  // `mapped` was kept from a released buffer, still booked
+        bool memfd_kept = false;  // `mapped` was kept from a released buffer, still booked
         if (r.getStorageArena() != 0) {
-          memfd_kept = false;
           // A small buffer in one of the client's arenas (mapped here once, for the session).
           auto found = ArenaFor(r.getStorageArena());
           if (!found.ok()) return {CL_INVALID_VALUE, found.status().message()};
@@ -1199,14 +1198,14 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
             memfd_ino = static_cast<uint64_t>(st.st_ino);
             std::lock_guard<std::mutex> lock(storage_books_->mu);
             mapped = storage_books_->TakeKeptLocked(memfd_dev, memfd_ino, r.getSize());
+            memfd_kept = mapped != nullptr;
           }
-          if (mapped) {
+          if (memfd_kept) {
             ::close(fd);
           } else {
             auto whole = HostBuffer::MapSealed(fd, r.getSize(), /*populate=*/false);
             if (!whole.ok()) return {CL_INVALID_VALUE, whole.status().message()};
             mapped = *whole;
-            memfd_kept = false;
           }
         }
         // A slot inside a page on a device that works in place on whole pages only: no

@@ -219,11 +219,15 @@ uint32_t ArgValueSize(std::string_view type_name) {
       {"long", 8},  {"ulong", 8}, {"half", 2},  {"float", 4},  {"double", 8}};
   std::string_view base = type_name;
   uint32_t lanes = 1;
-  for (uint32_t n : {16u, 8u, 4u, 3u, 2u}) {
-    const std::string suffix = std::to_string(n);
-    if (base.size() > suffix.size() && base.ends_with(suffix)) {
-      base.remove_suffix(suffix.size());
-      lanes = n;
+  struct Width {
+    std::string_view suffix;
+    uint32_t lanes;
+  };
+  for (const Width& w : {Width{"16", 16}, Width{"8", 8}, Width{"4", 4}, Width{"3", 3},
+                         Width{"2", 2}}) {
+    if (base.size() > w.suffix.size() && base.ends_with(w.suffix)) {
+      base.remove_suffix(w.suffix.size());
+      lanes = w.lanes;
       break;
     }
   }

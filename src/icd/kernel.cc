@@ -25,19 +25,16 @@ cl_kernel CL_API_CALL CreateKernel(cl_program p, const char* name, cl_int* err) 
   }
   auto kr = reply->root<wire::Reply>().getKernel();
   k->args.resize(std::min<uint32_t>(kr.getNumArgs(), 4096));
-  std::vector<cl_uint> quals(k->args.size(), 0);
-  // The list is read once: every read of it counts its whole size against the reply's
+  // Each list is read once: every read of it counts its whole size against the reply's
   // traversal limit, so reading it per element would be quadratic in the argument count.
-  auto reply_quals = kr.getArgAddressQualifiers();
-  for (unsigned i = 0; i < quals.size() && i < reply_quals.size(); ++i) {
-    quals[i] = reply_quals[i];
-  }
-  k->arg_qualifiers = std::move(quals);
-  auto reply_sizes = kr.getArgValueSizes();
-  k->arg_value_sizes.assign(k->args.size(), 0);
-  for (unsigned i = 0; i < k->args.size() && i < reply_sizes.size(); ++i) {
-    k->arg_value_sizes[i] = reply_sizes[i];
-  }
+  // Arguments the list does not reach are 0 (unknown).
+  auto per_arg = [n = k->args.size()](capnp::List<uint32_t>::Reader list) {
+    std::vector<uint32_t> out(n, 0);
+    for (unsigned i = 0; i < n && i < list.size(); ++i) out[i] = list[i];
+    return out;
+  };
+  k->arg_qualifiers = per_arg(kr.getArgAddressQualifiers());
+  k->arg_value_sizes = per_arg(kr.getArgValueSizes());
   RetainProgram(p);
   SetErr(err, CL_SUCCESS);
   return owned.release();
