@@ -72,7 +72,9 @@ void WorkerQueue::Stop(std::chrono::milliseconds timeout) {
 
 void WorkerQueue::ReportBeforeExit() {
   std::lock_guard<std::mutex> lock(own_mu_);
-  if (!broker_gone_) SendReports(/*with_express=*/true);
+  if (broker_gone_) return;
+  SendReports(/*with_express=*/true);
+  ReturnKeptCharge(/*now=*/true);  // the tenant's memory books end exact
 }
 
 void WorkerQueue::RunOrPost(Mailbox::Task t, bool device_callback) {
@@ -179,37 +181,82 @@ std::string WorkerQueue::Status() {
 }
 
 CommandSink::MemoryAnswer WorkerQueue::ReserveMemory(uint32_t device, uint64_t bytes) {
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(mem_mu_);
-    seq = next_mem_++;
-    mem_waiting_.insert(seq);
-  }
-  ctl::MemReserve r{seq, bytes, device, 0};
   MemoryAnswer out;
-  out.granted = false;
   std::unique_lock<std::mutex> lock(mem_mu_);
+  // What the session released a moment ago is still charged to it: taken first. Asking only for
+  // the rest gets the broker's verdict on the same sum (live + kept + rest = live + bytes).
+  uint64_t from_kept = 0;
+  if (device < kept_charge_.size()) {
+    from_kept = std::min(bytes, kept_charge_[device]);
+    kept_charge_[device] -= from_kept;
+  }
+  if (from_kept == bytes) return out;
+  const uint64_t seq = next_mem_++;
+  mem_waiting_.insert(seq);
+  ctl::MemReserve r{seq, bytes - from_kept, device, 0};
+  out.granted = false;
   bool answered = false;
   if (ctl::Send(ctl_fd_, ctl::Type::kMemReserve, &r, sizeof(r), 1).ok()) {
     answered = mem_cv_.wait_for(lock, std::chrono::seconds(5),
                                 [&] { return mem_answers_.count(seq) != 0; });
   }
   mem_waiting_.erase(seq);
-  if (!answered) return out;  // no broker, or no answer in time: refused (a late grant is
-                              // given back by OnControl)
+  if (!answered) {
+    // No broker, or no answer in time: refused (a late grant is given back by OnControl).
+    if (from_kept != 0) kept_charge_[device] += from_kept;
+    return out;
+  }
   ctl::MemAnswer a = mem_answers_[seq];
   mem_answers_.erase(seq);
   out.granted = a.verdict == static_cast<uint32_t>(ctl::MemVerdict::kGranted);
   out.over_quota = a.verdict == static_cast<uint32_t>(ctl::MemVerdict::kQuota);
-  out.used = a.used;
+  // The tenant's use as the application sees it: what was kept is not in use.
+  out.used = a.used - std::min(a.used, from_kept);
   out.limit = a.limit;
+  if (!out.granted && from_kept != 0) kept_charge_[device] += from_kept;  // still charged
   return out;
+}
+
+void WorkerQueue::SendFreeLocked(uint32_t device, uint64_t bytes) {
+  if (bytes == 0) return;
+  ctl::MemFree f{bytes, device, 0};
+  ctl::Send(ctl_fd_, ctl::Type::kMemFree, &f, sizeof(f), 1).IgnoreError();
 }
 
 void WorkerQueue::ReleaseMemory(uint32_t device, uint64_t bytes) {
   if (bytes == 0) return;
-  ctl::MemFree f{bytes, device, 0};
-  ctl::Send(ctl_fd_, ctl::Type::kMemFree, &f, sizeof(f), 1).IgnoreError();
+  bool arm = false;
+  {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    if (kept_charge_.size() <= device) kept_charge_.resize(device + 1);
+    uint64_t& kept = kept_charge_[device];
+    kept += bytes;
+    if (kept > kKeptChargeMax) {
+      SendFreeLocked(device, kept - kKeptChargeMax);
+      kept = kKeptChargeMax;
+    }
+    kept_since_ = std::chrono::steady_clock::now();
+    arm = !kept_armed_;
+    kept_armed_ = true;
+  }
+  if (arm) mailbox_.Wake();  // the loop sets its timer
+}
+
+int WorkerQueue::ReturnKeptCharge(bool now) {
+  std::lock_guard<std::mutex> lock(mem_mu_);
+  if (!kept_armed_) return -1;
+  if (!now) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          kept_since_ + kept_idle_ - std::chrono::steady_clock::now())
+                          .count();
+    if (left > 0) return static_cast<int>(left);
+  }
+  for (size_t d = 0; d < kept_charge_.size(); ++d) {
+    SendFreeLocked(static_cast<uint32_t>(d), kept_charge_[d]);
+    kept_charge_[d] = 0;
+  }
+  kept_armed_ = false;
+  return -1;
 }
 
 void WorkerQueue::Loop() {
@@ -227,6 +274,9 @@ void WorkerQueue::Loop() {
         timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
       }
       if (!evict_pending_.empty()) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
+      if (const int kept_ms = ReturnKeptCharge(/*now=*/false); kept_ms >= 0) {
+        timeout_ms = timeout_ms < 0 ? kept_ms + 1 : std::min(timeout_ms, kept_ms + 1);
+      }
       loop_timed_ = timeout_ms >= 0;
     }
     // Tasks queued without a wake-up while a thread ran the queue's work (RunOrPost), this
@@ -325,6 +375,8 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
       for (const ctl::Express& e : m.As<ctl::Express>()) OnExpress(e);
       break;
     case ctl::Type::kEvict:
+      // The broker sizes the device's layout by the tenant's memory: only what is in use.
+      ReturnKeptCharge(/*now=*/true);
       for (const ctl::Evict& e : m.As<ctl::Evict>()) evict_pending_.push_back(e);
       EvictWhenIdle();
       break;
@@ -332,6 +384,7 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
       for (const ctl::LeaseAnswer& a : m.As<ctl::LeaseAnswer>()) OnLeaseAnswer(a);
       break;
     case ctl::Type::kLeaseLost:
+      ReturnKeptCharge(/*now=*/true);
       for (const ctl::LeaseLost& l : m.As<ctl::LeaseLost>()) {
         // The lease ended: nothing new goes to the device; the session's data moves off it once
         // what runs there is done, answered like an eviction.
@@ -355,7 +408,7 @@ void WorkerQueue::OnControl(const ctl::Message& m) {
           mem_answers_[a.seq] = a;
         } else if (a.verdict == static_cast<uint32_t>(ctl::MemVerdict::kGranted)) {
           // Granted after its caller gave up: not ours to keep.
-          ReleaseMemory(a.device, a.bytes);
+          SendFreeLocked(a.device, a.bytes);
         }
       }
       mem_cv_.notify_all();

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -62,6 +63,13 @@ class WorkerQueue : public CommandSink {
   // for it, which on an idle CPU of a virtual machine costs tens of microseconds of the
   // command's latency (docs/policies.md, "The session thread reads its release").
   void AwaitRelease(int client_fd) override;
+  // Memory the session releases stays charged to it up to this much per device, for this long
+  // after the last release (docs/policies.md, "Released memory stays charged for a moment").
+  static constexpr uint64_t kKeptChargeMax = uint64_t{64} << 20;
+  static constexpr std::chrono::milliseconds kKeptChargeIdle{20};
+  // How long memory the session released stays charged to it (kKeptChargeIdle; tests set it
+  // longer to see the other ways it goes back). Before Start().
+  void SetKeptChargeIdle(std::chrono::milliseconds idle) { kept_idle_ = idle; }
   // Called on the loop thread with each new share of the tenant's limits (before Start()).
   void OnLimits(std::function<void(const ctl::Limits&)> f) { on_limits_ = std::move(f); }
   // Stops the loop once nothing is in flight on the backend (bounded by `timeout`).
@@ -188,6 +196,20 @@ class WorkerQueue : public CommandSink {
   uint64_t next_mem_ = 1;
   std::unordered_set<uint64_t> mem_waiting_;
   std::unordered_map<uint64_t, ctl::MemAnswer> mem_answers_;
+  // Memory the session released that stays charged to it in the broker's books, per device:
+  // the next reservations take it without asking (docs/policies.md, "Released memory stays
+  // charged for a moment"). Beyond kKeptChargeMax it goes back at once; all of it goes back
+  // kept_idle_ after the last release, at an eviction or lease loss, and before the
+  // worker ends. Under mem_mu_, as are the kMemReserve/kMemFree sends (their order is the
+  // broker's).
+  std::chrono::milliseconds kept_idle_ = kKeptChargeIdle;
+  std::vector<uint64_t> kept_charge_;
+  bool kept_armed_ = false;  // something is kept; the loop's timer runs
+  std::chrono::steady_clock::time_point kept_since_{};
+  // Gives the kept charge back (all of it, or only once kept_idle_ has passed). Returns the
+  // milliseconds until it would be due (-1: nothing kept).
+  int ReturnKeptCharge(bool now);
+  void SendFreeLocked(uint32_t device, uint64_t bytes);  // under mem_mu_
 
   // The pool. The device lent now (kNoDevice: none; the loop thread writes it, the session
   // thread reads it), commands waiting for a lease (loop thread), the loop thread's own ask.
