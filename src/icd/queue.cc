@@ -137,6 +137,10 @@ cl_int CL_API_CALL Flush(cl_command_queue q) {
 cl_int CL_API_CALL Finish(cl_command_queue q) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;
   Connection& c = Conn();
+  // Every command of the queue is known to have completed (a finish, a blocking read, a wait
+  // answered since the last enqueue): their answers, errors included, are all in, so there is
+  // nothing to ask the worker (docs/policies.md, "An idle clFinish stays in the client").
+  if (Settled(q) && !c.Lost()) return c.TakeAsyncError();
   const uint64_t enqueued = q->enqueued.load(std::memory_order_acquire);
   capnp::MallocMessageBuilder b;
   b.initRoot<wire::Request>().setFinish(q->id);

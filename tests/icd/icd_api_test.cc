@@ -37,6 +37,10 @@ H As(void* p) {
   return reinterpret_cast<H>(p);
 }
 
+// What IcdTest::Sync sends.
+const std::vector<wire::Request::Which> kSyncKinds = {wire::Request::ENQUEUE,
+                                                      wire::Request::FINISH};
+
 std::vector<wire::Request::Which> Kinds(const std::vector<SeenRequest>& seen) {
   std::vector<wire::Request::Which> out;
   for (const auto& s : seen) out.push_back(s.which);
@@ -78,7 +82,7 @@ TEST_F(IcdHandleTest, ForeignStaleAndWrongKindContextsAreRejectedWithoutARequest
             CL_SUCCESS);
   EXPECT_EQ(n, 1u);
   ASSERT_EQ(Sync(), CL_SUCCESS);
-  EXPECT_EQ(Kinds(daemon().Seen()), std::vector<wire::Request::Which>{wire::Request::FINISH});
+  EXPECT_EQ(Kinds(daemon().Seen()), kSyncKinds);
 }
 
 TEST_F(IcdHandleTest, ForeignStaleAndWrongKindKernelsAreRejectedWithoutAGetInfo) {
@@ -146,7 +150,7 @@ TEST_F(IcdHandleTest, StaleEventsAreRejectedWithoutARequest) {
             CL_INVALID_EVENT_WAIT_LIST);
   EXPECT_EQ(status, 42);
   ASSERT_EQ(Sync(), CL_SUCCESS);
-  EXPECT_EQ(Kinds(daemon().Seen()), std::vector<wire::Request::Which>{wire::Request::FINISH});
+  EXPECT_EQ(Kinds(daemon().Seen()), kSyncKinds);
   // The live event's status is the daemon's.
   EXPECT_EQ(cl().clGetEventInfo(live, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
                                 nullptr),
@@ -221,7 +225,7 @@ TEST_F(IcdLocalInfoTest, ContextQueueBufferAndReferenceCountsSendNoRequest) {
   EXPECT_EQ(cl().clReleaseCommandQueue(queue_), CL_SUCCESS);
 
   ASSERT_EQ(Sync(), CL_SUCCESS);
-  EXPECT_EQ(Kinds(daemon().Seen()), std::vector<wire::Request::Which>{wire::Request::FINISH});
+  EXPECT_EQ(Kinds(daemon().Seen()), kSyncKinds);
 
   // The last release does tell the daemon, and the context loses the buffer's reference.
   EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
@@ -327,7 +331,7 @@ TEST_F(IcdKernelArgsTest, LaunchWithAnUnsetArgumentFailsWithoutAnEnqueue) {
                                         nullptr),
             CL_INVALID_KERNEL_ARGS);
   ASSERT_EQ(Sync(), CL_SUCCESS);
-  EXPECT_EQ(daemon().Count(wire::Request::ENQUEUE), 0u);
+  EXPECT_EQ(daemon().Count(wire::Request::ENQUEUE), 1u);  // Sync's marker only
   EXPECT_EQ(sent_args.load(), -1);
 
   // With the argument set the launch goes out, every argument with it.
@@ -337,7 +341,7 @@ TEST_F(IcdKernelArgsTest, LaunchWithAnUnsetArgumentFailsWithoutAnEnqueue) {
                                         nullptr),
             CL_SUCCESS);
   ASSERT_EQ(Sync(), CL_SUCCESS);
-  EXPECT_EQ(daemon().Count(wire::Request::ENQUEUE), 1u);
+  EXPECT_EQ(daemon().Count(wire::Request::ENQUEUE), 3u);  // the launch and two Sync markers
   EXPECT_EQ(sent_args.load(), static_cast<int>(kNumArgs));
   EXPECT_EQ(sent_last.load(), 39);
 }
@@ -441,14 +445,47 @@ TEST_F(IcdAsyncErrorTest, UnaskedErrorReportIsReturnedByTheNextFinishOnce) {
                                      nullptr),
             CL_SUCCESS);
   EXPECT_EQ(cl().clFinish(queue_), CL_MEM_OBJECT_ALLOCATION_FAILURE);
+  // Nothing enqueued since: the second clFinish asks nothing and has no error to return.
   EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
   auto seen = daemon().Seen();
-  ASSERT_EQ(seen.size(), 3u);
+  ASSERT_EQ(seen.size(), 2u);
   EXPECT_EQ(seen[0].which, wire::Request::ENQUEUE);
   EXPECT_EQ(seen[0].seq, 0u);
   EXPECT_EQ(seen[1].which, wire::Request::FINISH);
-  EXPECT_EQ(seen[2].which, wire::Request::FINISH);
   EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
+}
+
+// clFinish asks the daemon only while a command of its queue is not known to be done: not on a
+// new queue, nor after a finish, a blocking read or a wait that covered every command.
+TEST_F(IcdAsyncErrorTest, AFinishWithNothingOutstandingSendsNoRequest) {
+  cl_int err = CL_SUCCESS;
+  cl_mem m = cl().clCreateBuffer(ctx_, CL_MEM_READ_WRITE, 64, nullptr, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  daemon().ClearSeen();
+  EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::FINISH), 0u);
+  const cl_int pattern = 7;
+  EXPECT_EQ(cl().clEnqueueFillBuffer(queue_, m, &pattern, sizeof(pattern), 0, 64, 0, nullptr,
+                                     nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
+  EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::FINISH), 1u);
+  // A fill, then a blocking read behind it on the in-order queue: the read's answer settles both.
+  EXPECT_EQ(cl().clEnqueueFillBuffer(queue_, m, &pattern, sizeof(pattern), 0, 64, 0, nullptr,
+                                     nullptr),
+            CL_SUCCESS);
+  std::vector<uint8_t> dst(64);
+  EXPECT_EQ(cl().clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, 64, dst.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::FINISH), 1u);
+  // Posted requests batched meanwhile still leave at the finish (as a flush).
+  EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
+  EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
+  ASSERT_EQ(Sync(), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::RELEASE), 1u);
+  EXPECT_EQ(daemon().Count(wire::Request::FINISH), 2u);  // Sync's
 }
 
 }  // namespace

@@ -64,8 +64,9 @@ class IcdTest : public ::testing::Test {
   FakeDaemon& daemon() const { return *Icd().daemon; }
   cl_device_id device() const { return Icd().device; }
 
-  // A round trip (clFinish on queue_): once it returns, the fake has handled every request the
-  // ICD sent or batched before it. Returns clFinish's result.
+  // A round trip (a marker, then clFinish on queue_): once it returns, the fake has handled every
+  // request the ICD sent or batched before it. The fake sees kSyncKinds. Returns the first
+  // error, else clFinish's result.
   cl_int Sync();
 
   cl_context ctx_ = nullptr;
