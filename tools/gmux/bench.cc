@@ -373,8 +373,9 @@ std::vector<double> WorkGroupQueryUs(Dev& d, int n) {
 }
 
 // clFinish on a queue with nothing in it, as a program calls it to be sure: microseconds per
-// call, one sample per call. Natively next to nothing; through gmux one request and its answer
-// with no device work behind it, so it is what the remoting itself adds to a blocking call.
+// call, one sample per call. Natively next to nothing; through gmux too, since the ICD knows
+// every command of the queue has completed (docs/policies.md, "An idle clFinish stays in the
+// client").
 std::vector<double> IdleFinishUs(Dev& d, int n) {
   Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish");
   std::vector<double> us;
@@ -383,6 +384,34 @@ std::vector<double> IdleFinishUs(Dev& d, int n) {
     Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish");
     us.push_back(Seconds(Clock::now() - s) * 1e6);
   }
+  return us;
+}
+
+// The status of a command that has not run (a marker behind a user event), polled as a program
+// polls an event: microseconds per clGetEventInfo. Natively next to nothing; through gmux one
+// request and its answer with no device work behind it, so it is what the remoting itself adds
+// to a blocking call.
+std::vector<double> StatusPollUs(Dev& d, int n) {
+  cl_int err = CL_SUCCESS;
+  cl_event user = clCreateUserEvent(d.ctx, &err);
+  Check(err == CL_SUCCESS, d.label + ": clCreateUserEvent");
+  cl_event marker = nullptr;
+  Check(clEnqueueMarkerWithWaitList(d.q, 1, &user, &marker) == CL_SUCCESS,
+        d.label + ": clEnqueueMarkerWithWaitList");
+  std::vector<double> us;
+  for (int i = 0; i < n; ++i) {
+    cl_int status = CL_COMPLETE;
+    auto s = Clock::now();
+    Check(clGetEventInfo(marker, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                         nullptr) == CL_SUCCESS,
+          d.label + ": clGetEventInfo");
+    us.push_back(Seconds(Clock::now() - s) * 1e6);
+    Check(status > CL_COMPLETE, d.label + ": a marker behind an unset user event ran");
+  }
+  Check(clSetUserEventStatus(user, CL_COMPLETE) == CL_SUCCESS, d.label + ": clSetUserEventStatus");
+  Check(clFinish(d.q) == CL_SUCCESS, d.label + ": clFinish");
+  clReleaseEvent(marker);
+  clReleaseEvent(user);
   return us;
 }
 
@@ -716,7 +745,7 @@ int RunBench(const BenchOptions& o) {
   try {
     // Each workload alternates the platforms `repeat` times; the median run is reported.
     std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2], wgq[2], idle50[2],
-        idle99[2];
+        idle99[2], poll50[2], poll99[2];
     Dev* devs[2] = {&nat, &gm};
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) {
@@ -730,6 +759,13 @@ int RunBench(const BenchOptions& o) {
         auto us = IdleFinishUs(*devs[i], launches * 5);
         idle50[i].push_back(Percentile(us, 0.5));
         idle99[i].push_back(Percentile(us, 0.99));
+      }
+    }
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        auto us = StatusPollUs(*devs[i], launches * 5);
+        poll50[i].push_back(Percentile(us, 0.5));
+        poll99[i].push_back(Percentile(us, 0.99));
       }
     }
     for (int r = 0; r < repeat; ++r) {
@@ -756,6 +792,7 @@ int RunBench(const BenchOptions& o) {
     for (int i = 0; i < 2; ++i) {
       out["launch_us"][names[i]] = {{"p50", Median(p50[i])}, {"p99", Median(p99[i])}};
       out["idle_finish_us"][names[i]] = {{"p50", Median(idle50[i])}, {"p99", Median(idle99[i])}};
+      out["status_poll_us"][names[i]] = {{"p50", Median(poll50[i])}, {"p99", Median(poll99[i])}};
       out["pipelined_per_s"][names[i]] = Median(rate[i]);
       out["matmul_ms"][names[i]] = Median(mms[i]);
       out["matmul_n"] = mm;
@@ -825,8 +862,11 @@ int RunBench(const BenchOptions& o) {
   row("blocking launch + clFinish p99 (us)", qn, qg, qg / qn, "");
   const double fn = out["idle_finish_us"]["native"]["p50"];
   const double fg = out["idle_finish_us"]["gmux"]["p50"];
-  row("clFinish of an idle queue p50 (us)", fn, fg, fn > 0 ? fg / fn : 0,
-      "the call itself: " + std::to_string(rtt > 0 ? (fg - fn) / rtt : 0).substr(0, 4) +
+  row("clFinish of an idle queue p50 (us)", fn, fg, fn > 0 ? fg / fn : 0, "");
+  const double sn = out["status_poll_us"]["native"]["p50"];
+  const double sg = out["status_poll_us"]["gmux"]["p50"];
+  row("status of a pending command p50 (us)", sn, sg, sn > 0 ? sg / sn : 0,
+      "the call itself: " + std::to_string(rtt > 0 ? (sg - sn) / rtt : 0).substr(0, 4) +
           " round trips");
   const double rn = out["pipelined_per_s"]["native"], rg = out["pipelined_per_s"]["gmux"];
   row("pipelined launches (1/s)", rn, rg, rg / rn, ">= 0.5");

@@ -447,8 +447,9 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", bench_opts.json, "One JSON object instead of the table");
   bench->footer(
       "Workloads, each written as an ordinary program writes it (blocking calls, std::vector):\n"
-      "a 1-work-item launch + clFinish (p50, p99), clFinish of an idle queue (what a blocking\n"
-      "call costs through gmux with no device work), 20,000 launches then one clFinish, blocking\n"
+      "a 1-work-item launch + clFinish (p50, p99), clFinish of an idle queue, the status of a\n"
+      "command that waits on a user event (what a blocking call costs through gmux with no\n"
+      "device work), 20,000 launches then one clFinish, blocking\n"
       "writes and reads of each size (GB/s; each call's p50 and p99 in --json, p99 shown), a\n"
       "512x512 matrix multiply end to end, a work-group size query (clGetKernelWorkGroupInfo,\n"
       "as before each launch), and --clients processes at once, each a closed loop of\n"
