@@ -218,8 +218,9 @@ struct _cl_event : gmux::icd::ObjectHeader {
   // Its command's place in its queue's count of enqueued commands (0: none): once the event is
   // known complete on an in-order queue, so are the commands before it (Settle).
   uint64_t number = 0;
-  // A blocking call's event, once the call returned: complete, as natively, without asking the
-  // worker (whose record completes just after its answer left).
+  // A blocking call's event once the call returned, or one clWaitForEvents waited for without
+  // error: complete, as natively, without asking the worker (whose record completes just after
+  // its answer left).
   std::atomic<bool> known_complete{false};
   std::atomic<bool> user_set{false};  // a user event whose status was set
 };

@@ -2,7 +2,8 @@
 // which reach the daemon. Foreign, stale and wrong-kind handles are rejected without a request;
 // context, queue, buffer and reference-count queries are answered client-side; device info is
 // asked once; kernel arguments are checked against the daemon's KernelReply; a blocking read
-// assembles the daemon's inline chunks; an unasked error report surfaces at the next clFinish.
+// assembles the daemon's inline chunks; an unasked error report surfaces at the next clFinish;
+// a clFinish or a wait with nothing outstanding asks nothing.
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -486,6 +487,39 @@ TEST_F(IcdAsyncErrorTest, AFinishWithNothingOutstandingSendsNoRequest) {
   ASSERT_EQ(Sync(), CL_SUCCESS);
   EXPECT_EQ(daemon().Count(wire::Request::RELEASE), 1u);
   EXPECT_EQ(daemon().Count(wire::Request::FINISH), 2u);  // Sync's
+}
+
+// An event waited for without error is complete from then on: waiting for it again or asking its
+// status sends nothing. One that failed is asked again.
+TEST_F(IcdAsyncErrorTest, AnEventWaitedForIsKnownCompleteAfterwards) {
+  std::atomic<bool> fail{false};
+  ScopedHandler handler(daemon(), [&fail](wire::Request::Reader r) {
+    if (r.isWaitEvents() && fail.load()) {
+      return Response::WithStatus(r.getSeq(), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+    }
+    return FakeDaemon::Default(r);
+  });
+  cl_event ev = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &ev), CL_SUCCESS);
+  daemon().ClearSeen();
+  EXPECT_EQ(cl().clWaitForEvents(1, &ev), CL_SUCCESS);
+  EXPECT_EQ(cl().clWaitForEvents(1, &ev), CL_SUCCESS);
+  cl_int status = 42;
+  EXPECT_EQ(cl().clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                                nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(status, CL_COMPLETE);
+  EXPECT_EQ(daemon().Count(wire::Request::WAIT_EVENTS), 1u);
+  EXPECT_EQ(daemon().Count(wire::Request::GET_INFO), 0u);
+  // A wait that the daemon answers with an error leaves its event unknown: asked each time.
+  fail = true;
+  cl_event failing = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &failing), CL_SUCCESS);
+  EXPECT_EQ(cl().clWaitForEvents(1, &failing), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  EXPECT_EQ(cl().clWaitForEvents(1, &failing), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+  EXPECT_EQ(daemon().Count(wire::Request::WAIT_EVENTS), 3u);
+  EXPECT_EQ(cl().clReleaseEvent(failing), CL_SUCCESS);
+  EXPECT_EQ(cl().clReleaseEvent(ev), CL_SUCCESS);
 }
 
 }  // namespace
