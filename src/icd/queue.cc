@@ -139,8 +139,13 @@ cl_int CL_API_CALL Finish(cl_command_queue q) {
   Connection& c = Conn();
   // Every command of the queue is known to have completed (a finish, a blocking read, a wait
   // answered since the last enqueue): their answers, errors included, are all in, so there is
-  // nothing to ask the worker (docs/policies.md, "An idle clFinish stays in the client").
-  if (Settled(q) && !c.Lost()) return c.TakeAsyncError();
+  // nothing to ask the worker (docs/policies.md, "An idle clFinish stays in the client"). What
+  // is batched leaves now, as it would with the finish.
+  if (Settled(q) && !c.Lost()) {
+    const cl_int sent = c.Flush();
+    const cl_int async = c.TakeAsyncError();
+    return sent != CL_SUCCESS ? sent : async;
+  }
   const uint64_t enqueued = q->enqueued.load(std::memory_order_acquire);
   capnp::MallocMessageBuilder b;
   b.initRoot<wire::Request>().setFinish(q->id);
