@@ -264,6 +264,10 @@ void WorkerQueue::Loop() {
   while (!stop_) {
     pollfd fds[2] = {{wake, POLLIN, 0}, {ctl_fd_, POLLIN, 0}};
     int timeout_ms = -1;
+    // The loop wakes within `ms` at the latest (each timer below may bring it sooner).
+    auto within = [&timeout_ms](int ms) {
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    };
     {
       std::lock_guard<std::mutex> lock(own_mu_);
       // Express starts not yet reported go out by kExpressReportDelay at the latest.
@@ -271,12 +275,10 @@ void WorkerQueue::Loop() {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                         express_oldest_ + kExpressReportDelay - std::chrono::steady_clock::now())
                         .count();
-        timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000));
+        within(static_cast<int>(std::clamp<int64_t>(left + 1, 0, 1000)));
       }
-      if (!evict_pending_.empty()) timeout_ms = timeout_ms < 0 ? 1 : std::min(timeout_ms, 1);
-      if (const int kept_ms = ReturnKeptCharge(/*now=*/false); kept_ms >= 0) {
-        timeout_ms = timeout_ms < 0 ? kept_ms + 1 : std::min(timeout_ms, kept_ms + 1);
-      }
+      if (!evict_pending_.empty()) within(1);
+      if (const int kept_ms = ReturnKeptCharge(/*now=*/false); kept_ms >= 0) within(kept_ms + 1);
       loop_timed_ = timeout_ms >= 0;
     }
     // Tasks queued without a wake-up while a thread ran the queue's work (RunOrPost), this

@@ -27,18 +27,18 @@ void Destroy(_cl_event* e) {
 
 cl_int CL_API_CALL WaitForEvents(cl_uint n, const cl_event* events) {
   if (n == 0 || events == nullptr) return CL_INVALID_VALUE;
-  capnp::MallocMessageBuilder b;
-  auto l = b.initRoot<wire::Request>().initWaitEvents(n);
   bool all_complete = true;
   for (cl_uint i = 0; i < n; ++i) {
     if (!Valid(events[i])) return CL_INVALID_EVENT;
     if (events[i]->context != events[0]->context) return CL_INVALID_CONTEXT;
-    l.set(i, events[i]->id);
     all_complete = all_complete && events[i]->known_complete.load(std::memory_order_acquire);
   }
   // Every one completed without error as far as the ICD knows already (a blocking call's
-  // event, or one waited for before): nothing to ask.
+  // event, or one waited for before): nothing to ask, and no request is built.
   if (all_complete && !Conn().Lost()) return CL_SUCCESS;
+  capnp::MallocMessageBuilder b;
+  auto l = b.initRoot<wire::Request>().initWaitEvents(n);
+  for (cl_uint i = 0; i < n; ++i) l.set(i, events[i]->id);
   const cl_int e = Conn().Call(b);
   for (cl_uint i = 0; e == CL_SUCCESS && i < n; ++i) {
     SettleUpTo(events[i]->queue, events[i]->number);

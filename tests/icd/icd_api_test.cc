@@ -425,7 +425,15 @@ TEST_F(IcdReadBufferTest, BlockingReadReceivesTheInlineChunks) {
   EXPECT_EQ(cl().clReleaseMemObject(m), CL_SUCCESS);
 }
 
-using IcdAsyncErrorTest = IcdTest;
+class IcdAsyncErrorTest : public IcdTest {
+ protected:
+  // A posted command: fills `m`'s 64 bytes with 7s.
+  cl_int Fill(cl_mem m) {
+    const cl_int pattern = 7;
+    return cl().clEnqueueFillBuffer(queue_, m, &pattern, sizeof(pattern), 0, 64, 0, nullptr,
+                                    nullptr);
+  }
+};
 
 TEST_F(IcdAsyncErrorTest, UnaskedErrorReportIsReturnedByTheNextFinishOnce) {
   ScopedHandler handler(daemon(), [](wire::Request::Reader r) {
@@ -443,10 +451,7 @@ TEST_F(IcdAsyncErrorTest, UnaskedErrorReportIsReturnedByTheNextFinishOnce) {
   cl_mem m = cl().clCreateBuffer(ctx_, CL_MEM_READ_WRITE, 64, nullptr, &err);
   ASSERT_EQ(err, CL_SUCCESS);
   daemon().ClearSeen();
-  const cl_int pattern = 7;
-  EXPECT_EQ(cl().clEnqueueFillBuffer(queue_, m, &pattern, sizeof(pattern), 0, 64, 0, nullptr,
-                                     nullptr),
-            CL_SUCCESS);
+  EXPECT_EQ(Fill(m), CL_SUCCESS);
   EXPECT_EQ(cl().clFinish(queue_), CL_MEM_OBJECT_ALLOCATION_FAILURE);
   // Nothing enqueued since: the second clFinish asks nothing and has no error to return.
   EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
@@ -467,17 +472,12 @@ TEST_F(IcdAsyncErrorTest, AFinishWithNothingOutstandingSendsNoRequest) {
   daemon().ClearSeen();
   EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
   EXPECT_EQ(daemon().Count(wire::Request::FINISH), 0u);
-  const cl_int pattern = 7;
-  EXPECT_EQ(cl().clEnqueueFillBuffer(queue_, m, &pattern, sizeof(pattern), 0, 64, 0, nullptr,
-                                     nullptr),
-            CL_SUCCESS);
+  EXPECT_EQ(Fill(m), CL_SUCCESS);
   EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
   EXPECT_EQ(cl().clFinish(queue_), CL_SUCCESS);
   EXPECT_EQ(daemon().Count(wire::Request::FINISH), 1u);
   // A fill, then a blocking read behind it on the in-order queue: the read's answer settles both.
-  EXPECT_EQ(cl().clEnqueueFillBuffer(queue_, m, &pattern, sizeof(pattern), 0, 64, 0, nullptr,
-                                     nullptr),
-            CL_SUCCESS);
+  EXPECT_EQ(Fill(m), CL_SUCCESS);
   std::vector<uint8_t> dst(64);
   EXPECT_EQ(cl().clEnqueueReadBuffer(queue_, m, CL_TRUE, 0, 64, dst.data(), 0, nullptr, nullptr),
             CL_SUCCESS);
