@@ -484,7 +484,14 @@ void FrameHub::Tick() {
           a->proc_cpu_s = *now_cpu;
         }
       }
-      a->usage = std::min(1.0, a->cpu_usage ? cpu_s / (el * Cpus()) : a->p_present_s / el);
+      // Reports come in batches, so a period can receive more Present (or CPU) time than it
+      // lasted: a batch reaching back before the period began, or a short period after a join
+      // or a policy change. Both rates are then taken over the time the reports claim rather
+      // than over the period, so k_i = g_i / f_i stays the time per frame (docs/policies.md,
+      // "On the real runtime", item 13) instead of being cut by the clamp to 1.
+      const double raw = a->cpu_usage ? cpu_s / (el * Cpus()) : a->p_present_s / el;
+      if (raw > 1.0) a->fps /= raw;
+      a->usage = std::min(1.0, raw);
       a->sleep_ms = a->p_frames > 0 ? 1e3 * a->p_sleep_s / static_cast<double>(a->p_frames) : 0;
       a->present_ms = a->p_frames > 0 ? 1e3 * a->p_present_s / static_cast<double>(a->p_frames) : 0;
       a->p_frames = 0;

@@ -297,23 +297,46 @@ TEST_F(FrameHubTest, EsaGivesEveryAgentOneRateFromTheirPresentTimes) {
   FakeAgent a(socket(), "FakeGPU 1"), b(socket(), "FakeGPU 1");
   ASSERT_TRUE(a.hello_ok() && b.hello_ok());
   // a: 10 ms of device time per frame, b: 15 ms. Algorithm 3: F = 1 / (0.010 + 0.015) = 40.
-  int64_t t = Now() - 500'000'000;
-  for (int i = 0; i < 5; ++i) {
-    t += 20'000'000;
-    ASSERT_TRUE(a.Report(0, 1, t, 10'000'000));
-    ASSERT_TRUE(b.Report(0, 1, t, 15'000'000));
+  // A frame each every 30 ms; each round asks both for a decision, which carries the reference.
+  // A period that saw only one of them plans for that one alone, so the rounds go on until a
+  // period saw both (at most a few periods of 0.1 s; the deadline is for a stalled machine).
+  double ra = 0, rb = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (uint64_t seq = 2; std::chrono::steady_clock::now() < deadline; ++seq) {
+    ASSERT_TRUE(a.Report(0, 1, Now(), 10'000'000));
+    ASSERT_TRUE(b.Report(0, 1, Now(), 15'000'000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ASSERT_TRUE(a.Report(seq, 0, 0, 0) && b.Report(seq, 0, 0, 0));
+    const Decision da = a.ReplyTo(seq), db = b.ReplyTo(seq);
+    ASSERT_TRUE(da.ok && db.ok && da.status == 0 && db.status == 0);
+    ra = da.reference;
+    rb = db.reference;
+    if (std::abs(ra - 40) < 1e-6 && std::abs(rb - 40) < 1e-6) break;
   }
-  auto ca = a.AwaitControl(true);
-  auto cb = b.AwaitControl(true);
-  ASSERT_TRUE(ca.has_value() && cb.has_value());
-  EXPECT_NEAR(ca->reference, 40, 1e-6);
-  EXPECT_NEAR(cb->reference, 40, 1e-6);
+  EXPECT_NEAR(ra, 40, 1e-6);
+  EXPECT_NEAR(rb, 40, 1e-6);
+  EXPECT_TRUE(a.AwaitControl(true).has_value());
+  EXPECT_TRUE(b.AwaitControl(true).has_value());
   // Switched to none at run time: both are told they are free.
   auto ans = Control("policy", "none");
   ASSERT_TRUE(ans.value("ok", false)) << ans;
   EXPECT_TRUE(a.AwaitControl(false).has_value());
   EXPECT_TRUE(b.AwaitControl(false).has_value());
   EXPECT_NE(Control("policy", "fifo").value("error", ""), "");
+}
+
+TEST_F(FrameHubTest, ABatchLongerThanAPeriodKeepsItsTimePerFrame) {
+  Start("esa", 0.1);
+  FakeAgent a(socket(), "FakeGPU 1");
+  ASSERT_TRUE(a.hello_ok());
+  // One report of 10 frames of 50 ms each (a program that ran uncontrolled for a while, its
+  // unsent frames going with the next report): 0.5 s of Present time reaches a period of about
+  // 0.1 s. k = 0.05 s per frame, so Algorithm 3's rate for the one agent is 1 / 0.05 = 20;
+  // counting the frames over the period while the usage is clamped to 1 would give 100.
+  ASSERT_TRUE(a.Report(0, 10, Now(), 500'000'000));
+  auto c = a.AwaitControl(true);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_NEAR(c->reference, 20, 1e-6);
 }
 
 TEST_F(FrameHubTest, HostileAgentsEndOnlyTheirOwnConnection) {
