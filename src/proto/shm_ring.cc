@@ -232,13 +232,15 @@ bool ShmRing::WaitReadable(int timeout_ms, bool* closed) {
     if (r < 0 && errno != EINTR) {
       *closed = true;
     } else if (r > 0) {
-      // Doorbells carry nothing: drained. The end of the stream means the worker is gone.
+      // Doorbells carry nothing: one read takes every bell there is (a stream socket, and the
+      // worker rings once per sleep). Reading on until EAGAIN cost a system call on every wait;
+      // a bell rung after this read makes a later poll return at once and is taken then. The
+      // end of the stream means the worker is gone.
       char bells[256];
       for (;;) {
         const ssize_t k = ::recv(socket_, bells, sizeof(bells), MSG_DONTWAIT);
-        if (k > 0) continue;
         if (k < 0 && errno == EINTR) continue;
-        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) *closed = true;
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) *closed = true;
         break;
       }
     }
