@@ -4,6 +4,7 @@
 
 #include "daemon/remote_copy.h"
 
+#include "proto/event_profile.h"
 #include "proto/image_layout.h"
 #include "proto/spin_wait.h"
 
@@ -2149,6 +2150,25 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
         cl_int st = (*ev)->status();
         reply.getRoot<wire::Reply>().setInfo(
             kj::arrayPtr(reinterpret_cast<const kj::byte*>(&st), sizeof(st)));
+        return {};
+      }
+      if (p == proto::kProfilingAllParam) {
+        // Every value at once (proto/event_profile.h), each as the single query answers it.
+        if ((*ev)->status() != CL_COMPLETE && !(*ev)->ran.load()) {
+          return {CL_PROFILING_INFO_NOT_AVAILABLE, "event not complete"};
+        }
+        proto::EventProfile all;
+        for (uint32_t i = 0; i < proto::kProfilingValues; ++i) {
+          const cl_profiling_info q = proto::kProfilingFirst + i;
+          Ref<cl_event> b = (*ev)->ProfilingEvent(q);
+          cl_ulong t = 0;
+          if (b && cl_.clGetEventProfilingInfo(b->h, q, sizeof(t), &t, nullptr) == CL_SUCCESS) {
+            all.value[i] = t;
+            all.available |= 1u << i;
+          }
+        }
+        const std::vector<uint8_t> v = all.Encode();
+        reply.getRoot<wire::Reply>().setInfo(kj::arrayPtr(v.data(), v.size()));
         return {};
       }
       if (p >= CL_PROFILING_COMMAND_QUEUED && p <= CL_PROFILING_COMMAND_COMPLETE) {

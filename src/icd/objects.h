@@ -21,6 +21,7 @@
 
 #include "common/prefault.h"
 #include "icd/connection.h"
+#include "proto/event_profile.h"
 
 namespace gmux::icd {
 
@@ -223,4 +224,8 @@ struct _cl_event : gmux::icd::ObjectHeader {
   // its answer left).
   std::atomic<bool> known_complete{false};
   std::atomic<bool> user_set{false};  // a user event whose status was set
+  // Its command's profiling times once the worker gave them, all at once (proto/event_profile.h):
+  // they never change after. `profile_state`: 0 not asked, 1 being stored, 2 `profile` is valid.
+  std::atomic<uint8_t> profile_state{0};
+  gmux::proto::EventProfile profile;
 };

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "icd/loaded_icd.h"
+#include "proto/event_profile.h"
 
 namespace gmux::testing {
 namespace {
@@ -493,6 +494,70 @@ TEST_F(IcdAsyncErrorTest, AFinishWithNothingOutstandingSendsNoRequest) {
   }
   EXPECT_EQ(daemon().Count(wire::Request::RELEASE), 1u);
   EXPECT_EQ(daemon().Count(wire::Request::FINISH), 1u);
+}
+
+// A finished command's profiling times come all at once (proto/event_profile.h): reading its
+// start and end is one request, and a second read of either none. Before it finished the answer
+// is the worker's (not available) and nothing is kept; a value the worker did not give (here
+// CL_PROFILING_COMMAND_COMPLETE) is asked alone.
+TEST_F(IcdAsyncErrorTest, ProfilingTimesAreAskedOnceForAllValues) {
+  std::atomic<bool> complete{false};
+  ScopedHandler handler(daemon(), [&complete](wire::Request::Reader r) {
+    if (r.isGetInfo() && r.getGetInfo().getKind() == wire::ObjectKind::EVENT) {
+      const uint32_t p = r.getGetInfo().getParam();
+      if (!complete.load()) return Response::WithStatus(r.getSeq(), CL_PROFILING_INFO_NOT_AVAILABLE);
+      if (p == proto::kProfilingAllParam) {
+        proto::EventProfile all;
+        for (uint32_t i = 0; i < 4; ++i) all.value[i] = 100 + 10 * i;
+        all.available = 0xF;  // QUEUED .. END
+        return Response::WithInfo(r.getSeq(), all.Encode());
+      }
+      if (p == CL_PROFILING_COMMAND_COMPLETE) {
+        const cl_ulong t = 155;
+        std::vector<uint8_t> v(sizeof(t));
+        std::memcpy(v.data(), &t, sizeof(t));
+        return Response::WithInfo(r.getSeq(), v);
+      }
+    }
+    return FakeDaemon::Default(r);
+  });
+  cl_int err = CL_SUCCESS;
+  const cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+  cl_command_queue q =
+      cl().clCreateCommandQueueWithProperties(ctx_, device(), props, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event ev = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &ev), CL_SUCCESS);
+  daemon().ClearSeen();
+  cl_ulong t = 0;
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof(t), &t, nullptr),
+            CL_PROFILING_INFO_NOT_AVAILABLE);
+  EXPECT_EQ(daemon().Count(wire::Request::GET_INFO), 1u);  // not asked again alone
+  complete = true;
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 120u);
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 130u);
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_QUEUED, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 100u);
+  EXPECT_EQ(daemon().CountInfo(wire::ObjectKind::EVENT, proto::kProfilingAllParam), 2u);
+  EXPECT_EQ(daemon().Count(wire::Request::GET_INFO), 2u);
+  size_t size = 0;
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_SUBMIT, 0, nullptr, &size),
+            CL_SUCCESS);
+  EXPECT_EQ(size, sizeof(cl_ulong));
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, 4, &t, nullptr),
+            CL_INVALID_VALUE);  // too small for a cl_ulong, as natively
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_COMPLETE, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 155u);
+  EXPECT_EQ(daemon().CountInfo(wire::ObjectKind::EVENT, CL_PROFILING_COMMAND_COMPLETE), 1u);
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, 0x1234, sizeof(t), &t, nullptr), CL_INVALID_VALUE);
+  EXPECT_EQ(cl().clReleaseEvent(ev), CL_SUCCESS);
+  EXPECT_EQ(cl().clReleaseCommandQueue(q), CL_SUCCESS);
 }
 
 // An event waited for without error is complete from then on: waiting for it again or asking its
