@@ -253,8 +253,9 @@ std::vector<Named> Seeds() {
         Value(a[1], &k, sizeof(k));
       });
     });
-    q.Add(true, [](Req r) { List(r.initWaitEvents(1), {40}); });
+    q.Add(true, [](Req r) { List(r.initWaitEventsProfiled(2), {40, 40}); });
     q.Info(K::EVENT, 40, CL_PROFILING_COMMAND_END);
+    q.Info(K::EVENT, 40, 0x80000001u);  // every profiling time at once (proto/event_profile.h)
     q.Info(K::EVENT, 40, CL_EVENT_COMMAND_EXECUTION_STATUS);
     q.Read(kQueue, 41, 10, 0, 4).Finish(kQueue);
     q.Release(K::KERNEL, 30).Release(K::PROGRAM, 20).Release(K::EVENT, 40).Release(K::MEM, 10);
@@ -312,7 +313,7 @@ std::vector<Named> Seeds() {
     q.Enqueue(false, kOooQueue, 41, true, {}, [](Enq e) { e.setBarrier(); });
     q.Enqueue(false, kOooQueue, 42, true, {}, launch(true));
     q.Enqueue(false, kOooQueue, 43, true, {40, 42}, [](Enq e) { e.setMarker(); });
-    q.Add(true, [](Req r) { List(r.initWaitEvents(2), {41, 43}); });
+    q.Add(true, [](Req r) { List(r.initWaitEventsProfiled(2), {41, 43}); });
     q.Read(kOooQueue, 44, 10, 0, 16).Finish(kOooQueue);
     s.push_back({"kernel-local-ooo", q});
   }

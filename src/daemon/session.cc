@@ -498,6 +498,23 @@ namespace {
 
 constexpr size_t kMaxInfoBytes = 1u << 20;
 
+// A completed command's profiling times, each as clGetEventProfilingInfo of the backend event
+// that answers it (EventRecord::ProfilingEvent); what the backend does not give is left out.
+proto::EventProfile ProfileOf(const EventRecord& ev) {
+  proto::EventProfile all;
+  for (uint32_t i = 0; i < proto::kProfilingValues; ++i) {
+    const cl_profiling_info q = proto::kProfilingFirst + i;
+    Ref<cl_event> b = ev.ProfilingEvent(q);
+    cl_ulong t = 0;
+    if (b && Dispatch(b->h).clGetEventProfilingInfo(b->h, q, sizeof(t), &t, nullptr) ==
+                 CL_SUCCESS) {
+      all.value[i] = t;
+      all.available |= 1u << i;
+    }
+  }
+  return all;
+}
+
 // Info parameters whose values are handles or host pointers: the client answers them itself,
 // and the daemon never sends a backend address.
 bool IsHandleParam(uint32_t p) {
@@ -1799,6 +1816,8 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
 
     case wire::Request::WAIT_EVENTS:
       return WaitEvents(req.getSeq(), req.getWaitEvents(), replied);
+    case wire::Request::WAIT_EVENTS_PROFILED:
+      return WaitEvents(req.getSeq(), req.getWaitEventsProfiled(), replied, /*profiled=*/true);
 
     case wire::Request::CREATE_IMAGE:
       return CreateImage(req.getCreateImage());
@@ -2157,17 +2176,7 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
         if ((*ev)->status() != CL_COMPLETE && !(*ev)->ran.load()) {
           return {CL_PROFILING_INFO_NOT_AVAILABLE, "event not complete"};
         }
-        proto::EventProfile all;
-        for (uint32_t i = 0; i < proto::kProfilingValues; ++i) {
-          const cl_profiling_info q = proto::kProfilingFirst + i;
-          Ref<cl_event> b = (*ev)->ProfilingEvent(q);
-          cl_ulong t = 0;
-          if (b && cl_.clGetEventProfilingInfo(b->h, q, sizeof(t), &t, nullptr) == CL_SUCCESS) {
-            all.value[i] = t;
-            all.available |= 1u << i;
-          }
-        }
-        const std::vector<uint8_t> v = all.Encode();
+        const std::vector<uint8_t> v = ProfileOf(**ev).Encode();
         reply.getRoot<wire::Reply>().setInfo(kj::arrayPtr(v.data(), v.size()));
         return {};
       }
@@ -3382,7 +3391,8 @@ Session::Err Session::Finish(uint64_t seq, uint64_t queue, bool& replied) {
   return {};
 }
 
-Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied) {
+Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied,
+                                 bool profiled) {
   if (ids.size() == 0) return {CL_INVALID_VALUE, "no events"};
   std::vector<std::shared_ptr<EventRecord>> evs;
   for (uint64_t id : ids) {
@@ -3398,13 +3408,38 @@ Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids
   auto st = std::make_shared<State>();
   st->left = evs.size();
   replied = true;
+  // The waiters hold the records weakly: the last one to run reads every event's times.
+  std::shared_ptr<std::vector<std::weak_ptr<EventRecord>>> all;
+  // A list whose times would not fit an info value is answered plainly (the client then asks).
+  if (evs.size() > kMaxInfoBytes / proto::EventProfile::kWireBytes) profiled = false;
+  if (profiled) all = std::make_shared<std::vector<std::weak_ptr<EventRecord>>>(evs.begin(), evs.end());
   for (auto& e : evs) {
-    e->AddWaiter([st, core = core_, seq](cl_int status) {
+    e->AddWaiter([st, core = core_, seq, all](cl_int status) {
       if (status < 0) st->failed = true;
-      if (st->left.fetch_sub(1) == 1) {
+      if (st->left.fetch_sub(1) != 1) return;
+      if (st->failed || !all) {
         core->SendStatus(seq, st->failed ? CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST : CL_SUCCESS,
                          "");
+        return;
       }
+      // Each event's profiling times as a GetInfo of kProfilingAllParam answers them (the
+      // backend's calls are not blocking: allowed in a completion callback).
+      std::vector<uint8_t> info;
+      info.reserve(all->size() * proto::EventProfile::kWireBytes);
+      for (const auto& w : *all) {
+        proto::EventProfile p;
+        if (auto rec = w.lock(); rec && (rec->status() == CL_COMPLETE || rec->ran.load())) {
+          p = ProfileOf(*rec);
+        }
+        const std::vector<uint8_t> one = p.Encode();
+        info.insert(info.end(), one.begin(), one.end());
+      }
+      capnp::MallocMessageBuilder b;
+      auto r = b.initRoot<wire::Reply>();
+      r.setSeq(seq);
+      r.setStatus(CL_SUCCESS);
+      r.setInfo(kj::arrayPtr(info.data(), info.size()));
+      core->Send(b);
     });
   }
   return {};
@@ -3424,6 +3459,7 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setStorageArenas(true);
   h.setDataFrames(true);
   h.setReplyRing(true);
+  h.setProfiledWaits(true);
   const auto& devs = backend.devices();
   // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).
   std::vector<unsigned> shown;

@@ -315,7 +315,9 @@ class Session {
   Err GetInfo(proto::wire::GetInfo::Reader r, capnp::MallocMessageBuilder& reply);
   Err Enqueue(uint64_t seq, proto::wire::Enqueue::Reader r, bool& replied);
   Err Finish(uint64_t seq, uint64_t queue, bool& replied);
-  Err WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied);
+  // `profiled`: a success's answer carries every event's profiling times (waitEventsProfiled).
+  Err WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids, bool& replied,
+                 bool profiled = false);
   Err BeginBulk(proto::wire::BulkBegin::Reader r);
   // The tenant's view of a device's memory: the backend's, bounded by the managed capacity and
   // the tenant's quota; and the largest allocation within it.

@@ -270,6 +270,7 @@ Connection* Connection::Connect() {
     conn->data_frames_ = data_frames && rep.getHello().getDataFrames();
     storage_arenas = rep.getHello().getStorageArenas();
     reply_ring = rep.getHello().getReplyRing();
+    conn->profiled_waits_ = rep.getHello().getProfiledWaits();
     conn->hello_pid_ = ::getpid();
     for (auto d : rep.getHello().getDevices()) {
       conn->devices_.push_back({d.getIndex(), d.getName(), d.getType()});

@@ -166,6 +166,8 @@ class Connection {
   // The worker may no longer copy (the application changed its uid or dumpability): every
   // later transfer takes the copying paths.
   void DisableRemote() { remote_copy_ = false; }
+  // The worker sends the events' profiling times with a wait's answer (waitEventsProfiled).
+  bool profiled_waits() const { return profiled_waits_; }
   static constexpr size_t kRemoteReadMinBytes = 64u << 10;
   static constexpr size_t kRemoteReadShmBelowBytes = 8u << 20;
   static constexpr size_t kRemoteWriteMinBytes = 4u << 20;
@@ -323,6 +325,7 @@ class Connection {
   bool shm_enabled_ = true;  // GMUX_SHM=0 turns shared-memory transfers off
   // The worker takes bulk data as data frames (and sends a read's so); GMUX_DATA_FRAMES=0 says no.
   bool data_frames_ = false;
+  bool profiled_waits_ = false;  // the worker answers waitEventsProfiled
   // The worker knows buffers on shared memory; GMUX_BUFFER_STORAGE=0 turns them off.
   bool storage_enabled_ = false;
   // Whether the worker may still copy for this process: not once the process forked (a child

@@ -3,6 +3,25 @@
 
 namespace gmux::icd {
 
+namespace {
+
+// An event of a queue with CL_QUEUE_PROFILING_ENABLE.
+bool Profiled(cl_event e) {
+  return e->queue != nullptr && (e->queue->properties & CL_QUEUE_PROFILING_ENABLE) != 0;
+}
+
+// Keeps a completed command's profiling times in its event; the first to store them wins (the
+// values are the same whoever asked).
+void KeepProfile(cl_event e, const proto::EventProfile& p) {
+  uint8_t none = 0;
+  if (e->profile_state.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
+    e->profile = p;
+    e->profile_state.store(2, std::memory_order_release);
+  }
+}
+
+}  // namespace
+
 cl_event NewEvent(cl_context ctx, cl_command_queue q, cl_command_type type, uint64_t id) {
   auto* e = new _cl_event();
   e->id = id;
@@ -36,14 +55,32 @@ cl_int CL_API_CALL WaitForEvents(cl_uint n, const cl_event* events) {
   // Every one completed without error as far as the ICD knows already (a blocking call's
   // event, or one waited for before): nothing to ask, and no request is built.
   if (all_complete && !Conn().Lost()) return CL_SUCCESS;
+  Connection& c = Conn();
+  // Timing code reads a command's profiling times right after waiting for it: an event of a
+  // profiling queue whose times are not here yet has them sent with the wait's answer.
+  bool profiled = false;
+  for (cl_uint i = 0; c.profiled_waits() && !profiled && i < n; ++i) {
+    profiled = Profiled(events[i]) &&
+               events[i]->profile_state.load(std::memory_order_acquire) == 0;
+  }
   capnp::MallocMessageBuilder b;
-  auto l = b.initRoot<wire::Request>().initWaitEvents(n);
+  auto l = profiled ? b.initRoot<wire::Request>().initWaitEventsProfiled(n)
+                    : b.initRoot<wire::Request>().initWaitEvents(n);
   for (cl_uint i = 0; i < n; ++i) l.set(i, events[i]->id);
-  const cl_int e = Conn().Call(b);
+  std::optional<proto::Message> reply;
+  const cl_int e = c.Call(b, profiled ? &reply : nullptr);
   for (cl_uint i = 0; e == CL_SUCCESS && i < n; ++i) {
     SettleUpTo(events[i]->queue, events[i]->number);
     // Waited for without error: complete, for later waits and status queries too.
     events[i]->known_complete.store(true, std::memory_order_release);
+  }
+  if (e == CL_SUCCESS && reply && reply->root<wire::Reply>().isInfo()) {
+    auto info = reply->root<wire::Reply>().getInfo();
+    constexpr size_t kEach = proto::EventProfile::kWireBytes;
+    for (cl_uint i = 0; info.size() == n * kEach && i < n; ++i) {
+      auto p = proto::EventProfile::Decode(info.begin() + i * kEach, kEach);
+      if (p && p->available != 0 && Profiled(events[i])) KeepProfile(events[i], *p);
+    }
   }
   return e;
 }
@@ -68,9 +105,7 @@ cl_int CL_API_CALL GetEventInfo(cl_event e, cl_event_info param, size_t size, vo
 cl_int CL_API_CALL GetEventProfilingInfo(cl_event e, cl_profiling_info param, size_t size,
                                          void* value, size_t* size_ret) {
   if (!Valid(e)) return CL_INVALID_EVENT;
-  if (e->queue == nullptr || (e->queue->properties & CL_QUEUE_PROFILING_ENABLE) == 0) {
-    return CL_PROFILING_INFO_NOT_AVAILABLE;
-  }
+  if (!Profiled(e)) return CL_PROFILING_INFO_NOT_AVAILABLE;
   if (e->profile_state.load(std::memory_order_acquire) == 2) {
     if (e->profile.Has(param)) return Scalar<cl_ulong>(e->profile.Get(param), size, value, size_ret);
   } else if (proto::EventProfile::Covers(param)) {
@@ -80,11 +115,7 @@ cl_int CL_API_CALL GetEventProfilingInfo(cl_event e, cl_profiling_info param, si
     if (err == CL_PROFILING_INFO_NOT_AVAILABLE) return err;  // not complete yet
     if (err == CL_SUCCESS) {
       if (auto all = proto::EventProfile::Decode(v.data(), v.size())) {
-        uint8_t none = 0;
-        if (e->profile_state.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
-          e->profile = *all;
-          e->profile_state.store(2, std::memory_order_release);
-        }
+        KeepProfile(e, *all);
         if (all->Has(param)) return Scalar<cl_ulong>(all->Get(param), size, value, size_ret);
       }
     }

@@ -1,8 +1,10 @@
 // An event's profiling times in one answer, shared by the ICD (which asks once per event and
 // keeps them) and gmuxd's worker (which answers). A finished command's times never change, so
 // a program that reads its kernel's start and end (two clGetEventProfilingInfo calls, as timing
-// code is written) pays one round trip, not one per value, and none for the second event query.
-// Asked as a GetInfo of the event with the private parameter kProfilingAllParam; answered only
+// code is written) pays no round trip beyond its wait, or one when it did not wait.
+// Asked as a GetInfo of the event with the private parameter kProfilingAllParam, or with the
+// wait itself (Request.waitEventsProfiled: the answer's `info` holds one EventProfile per event,
+// in the wait list's order, none given for a command that did not complete); answered only
 // once the command completed (as for one value: CL_PROFILING_INFO_NOT_AVAILABLE before). A
 // value the backend does not give (say CL_PROFILING_COMMAND_COMPLETE on an older platform) is
 // absent from `available`, and the ICD asks for it alone to report the backend's own error.
@@ -28,6 +30,8 @@ inline constexpr size_t kProfilingValues = 5;
 struct EventProfile {
   uint64_t value[kProfilingValues] = {};
   uint32_t available = 0;  // bit i: value[i] (param kProfilingFirst + i) was given
+  // Its size on the wire (Encode).
+  static constexpr size_t kWireBytes = sizeof(uint64_t) * kProfilingValues + sizeof(uint32_t);
 
   static bool Covers(uint32_t param) {
     return param >= kProfilingFirst && param < kProfilingFirst + kProfilingValues;
@@ -40,14 +44,14 @@ struct EventProfile {
   // Wire form: the five values, then the mask, native byte order as every info value
   // on the wire.
   std::vector<uint8_t> Encode() const {
-    std::vector<uint8_t> out(sizeof(value) + sizeof(available));
+    std::vector<uint8_t> out(kWireBytes);
     std::memcpy(out.data(), value, sizeof(value));
     std::memcpy(out.data() + sizeof(value), &available, sizeof(available));
     return out;
   }
   static std::optional<EventProfile> Decode(const uint8_t* p, size_t n) {
     EventProfile e;
-    if (n != sizeof(e.value) + sizeof(e.available)) return std::nullopt;
+    if (n != kWireBytes) return std::nullopt;
     std::memcpy(e.value, p, sizeof(e.value));
     std::memcpy(&e.available, p + sizeof(e.value), sizeof(e.available));
     if ((e.available >> kProfilingValues) != 0) return std::nullopt;

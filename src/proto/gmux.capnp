@@ -137,6 +137,7 @@ struct HelloReply {
                            # the hello offered it, sends a read's data so
   storageArenas @7 :Bool;  # the worker knows CreateBuffer's `storageArena` (small buffers)
   replyRing @8 :Bool;      # the worker knows `replyRing` (replies through shared memory)
+  profiledWaits @9 :Bool;  # the worker knows `waitEventsProfiled`
 }
 
 struct GetInfo {
@@ -438,6 +439,8 @@ struct Request {
                                    # with the request; once answered (on the socket), every
                                    # later frame to the client goes through it
                                    # (docs/protocol.md, "Replies through shared memory")
+    waitEventsProfiled @34 :List(UInt64);  # as waitEvents; a success's `info` carries each
+                                   # event's profiling times (proto/event_profile.h), in order
   }
 }
 

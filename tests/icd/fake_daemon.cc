@@ -211,6 +211,7 @@ bool FakeDaemon::Answer(int fd, wire::Request::Reader request) {
     h.setProtocolVersion(proto::kProtocolVersion);
     h.setTenant(options_.tenant);
     h.setSession(1);
+    h.setProfiledWaits(options_.profiled_waits);
     auto list = h.initDevices(static_cast<unsigned>(options_.devices.size()));
     for (unsigned i = 0; i < list.size(); ++i) {
       list[i].setIndex(i);

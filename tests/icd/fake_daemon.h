@@ -40,6 +40,8 @@ struct FakeDaemonOptions {
   // Announced in the HelloReply; device i gets the daemon index i.
   std::vector<FakeDevice> devices = {{"fake", CL_DEVICE_TYPE_GPU}};
   std::string tenant = "fake";
+  // Announced: the fake answers waitEventsProfiled (its handler decides with what).
+  bool profiled_waits = true;
 
   Status Validate() const;
 };

@@ -560,6 +560,83 @@ TEST_F(IcdAsyncErrorTest, ProfilingTimesAreAskedOnceForAllValues) {
   EXPECT_EQ(cl().clReleaseCommandQueue(q), CL_SUCCESS);
 }
 
+// A wait for events of a profiling queue asks for their times with it (waitEventsProfiled): an
+// event whose times came needs no query after; one without (available 0) and a wait whose answer
+// is malformed fall back to the query. A queue without profiling waits plainly.
+TEST_F(IcdAsyncErrorTest, AWaitBringsTheProfilingTimesOfItsEvents) {
+  std::atomic<int> mode{0};  // 0: times for the first event only; 1: a malformed answer
+  ScopedHandler handler(daemon(), [&mode](wire::Request::Reader r) {
+    if (r.isWaitEventsProfiled()) {
+      const size_t n = r.getWaitEventsProfiled().size();
+      std::vector<uint8_t> info;
+      for (size_t i = 0; i < n; ++i) {
+        proto::EventProfile p;
+        if (i == 0) {
+          for (uint32_t k = 0; k < proto::kProfilingValues; ++k) p.value[k] = 1000 + k;
+          p.available = 0x1F;
+        }
+        auto one = p.Encode();
+        info.insert(info.end(), one.begin(), one.end());
+      }
+      if (mode.load() == 1) info.resize(info.size() - 1);
+      return Response::WithInfo(r.getSeq(), info);
+    }
+    if (r.isGetInfo() && r.getGetInfo().getParam() == proto::kProfilingAllParam) {
+      proto::EventProfile p;
+      for (uint32_t k = 0; k < proto::kProfilingValues; ++k) p.value[k] = 2000 + k;
+      p.available = 0x1F;
+      return Response::WithInfo(r.getSeq(), p.Encode());
+    }
+    return FakeDaemon::Default(r);
+  });
+  cl_int err = CL_SUCCESS;
+  const cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+  cl_command_queue q = cl().clCreateCommandQueueWithProperties(ctx_, device(), props, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_event ev[2] = {};
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &ev[0]), CL_SUCCESS);
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &ev[1]), CL_SUCCESS);
+  daemon().ClearSeen();
+  ASSERT_EQ(cl().clWaitForEvents(2, ev), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::WAIT_EVENTS_PROFILED), 1u);
+  cl_ulong t = 0;
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev[0], CL_PROFILING_COMMAND_START, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 1002u);
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev[0], CL_PROFILING_COMMAND_COMPLETE, sizeof(t), &t,
+                                         nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 1004u);
+  EXPECT_EQ(daemon().Count(wire::Request::GET_INFO), 0u);
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev[1], CL_PROFILING_COMMAND_END, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 2003u);
+  EXPECT_EQ(daemon().Count(wire::Request::GET_INFO), 1u);
+  // Both kept now: waiting again sends nothing.
+  ASSERT_EQ(cl().clWaitForEvents(2, ev), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::WAIT_EVENTS_PROFILED), 1u);
+
+  mode = 1;
+  cl_event e2 = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &e2), CL_SUCCESS);
+  daemon().ClearSeen();
+  ASSERT_EQ(cl().clWaitForEvents(1, &e2), CL_SUCCESS);
+  EXPECT_EQ(cl().clGetEventProfilingInfo(e2, CL_PROFILING_COMMAND_START, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 2002u);  // the malformed answer was not kept
+  EXPECT_EQ(daemon().Count(wire::Request::GET_INFO), 1u);
+
+  // Without profiling on the queue, a plain wait.
+  cl_event e3 = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &e3), CL_SUCCESS);
+  daemon().ClearSeen();
+  ASSERT_EQ(cl().clWaitForEvents(1, &e3), CL_SUCCESS);
+  EXPECT_EQ(daemon().Count(wire::Request::WAIT_EVENTS), 1u);
+  EXPECT_EQ(daemon().Count(wire::Request::WAIT_EVENTS_PROFILED), 0u);
+  for (cl_event e : {ev[0], ev[1], e2, e3}) EXPECT_EQ(cl().clReleaseEvent(e), CL_SUCCESS);
+  EXPECT_EQ(cl().clReleaseCommandQueue(q), CL_SUCCESS);
+}
+
 // An event waited for without error is complete from then on: waiting for it again or asking its
 // status sends nothing. One that failed is asked again.
 TEST_F(IcdAsyncErrorTest, AnEventWaitedForIsKnownCompleteAfterwards) {
