@@ -3412,7 +3412,9 @@ Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids
   std::shared_ptr<std::vector<std::weak_ptr<EventRecord>>> all;
   // A list whose times would not fit an info value is answered plainly (the client then asks).
   if (evs.size() > kMaxInfoBytes / proto::EventProfile::kWireBytes) profiled = false;
-  if (profiled) all = std::make_shared<std::vector<std::weak_ptr<EventRecord>>>(evs.begin(), evs.end());
+  if (profiled) {
+    all = std::make_shared<std::vector<std::weak_ptr<EventRecord>>>(evs.begin(), evs.end());
+  }
   for (auto& e : evs) {
     e->AddWaiter([st, core = core_, seq, all](cl_int status) {
       if (status < 0) st->failed = true;

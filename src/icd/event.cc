@@ -107,7 +107,9 @@ cl_int CL_API_CALL GetEventProfilingInfo(cl_event e, cl_profiling_info param, si
   if (!Valid(e)) return CL_INVALID_EVENT;
   if (!Profiled(e)) return CL_PROFILING_INFO_NOT_AVAILABLE;
   if (e->profile_state.load(std::memory_order_acquire) == 2) {
-    if (e->profile.Has(param)) return Scalar<cl_ulong>(e->profile.Get(param), size, value, size_ret);
+    if (e->profile.Has(param)) {
+      return Scalar<cl_ulong>(e->profile.Get(param), size, value, size_ret);
+    }
   } else if (proto::EventProfile::Covers(param)) {
     // The first query takes every value; later ones, of this value or another, stay here.
     std::vector<uint8_t> v;

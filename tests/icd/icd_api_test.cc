@@ -505,7 +505,9 @@ TEST_F(IcdAsyncErrorTest, ProfilingTimesAreAskedOnceForAllValues) {
   ScopedHandler handler(daemon(), [&complete](wire::Request::Reader r) {
     if (r.isGetInfo() && r.getGetInfo().getKind() == wire::ObjectKind::EVENT) {
       const uint32_t p = r.getGetInfo().getParam();
-      if (!complete.load()) return Response::WithStatus(r.getSeq(), CL_PROFILING_INFO_NOT_AVAILABLE);
+      if (!complete.load()) {
+        return Response::WithStatus(r.getSeq(), CL_PROFILING_INFO_NOT_AVAILABLE);
+      }
       if (p == proto::kProfilingAllParam) {
         proto::EventProfile all;
         for (uint32_t i = 0; i < 4; ++i) all.value[i] = 100 + 10 * i;

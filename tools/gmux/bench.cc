@@ -126,13 +126,23 @@ void Check(bool ok, const std::string& what) {
   if (!ok) throw Failure{what};
 }
 
-// Blocking launches of one work-item, each followed by clFinish: per-launch microseconds.
-std::vector<double> LaunchLatencies(Dev& d, int n) {
+// Blocking launches of one work-item: per-launch microseconds. Each followed by clFinish, or
+// with `timed` as timing code is written: a launch with an event on a profiling queue,
+// clWaitForEvents, its start and end (two clGetEventProfilingInfo calls), clReleaseEvent. Through
+// gmux a timed launch's times come with the wait's answer (docs/policies.md, "Profiling times
+// asked once per event").
+std::vector<double> LaunchLatencies(Dev& d, int n, bool timed = false) {
   cl_int err = CL_SUCCESS;
+  cl_command_queue q = d.q;
+  if (timed) {
+    const cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+    q = clCreateCommandQueueWithProperties(d.ctx, d.device, props, &err);
+    Check(q != nullptr, d.label + ": a profiling queue");
+  }
   cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, sizeof(int), nullptr, &err);
   Check(m != nullptr, d.label + ": clCreateBuffer");
   int zero = 0;
-  Check(clEnqueueWriteBuffer(d.q, m, CL_TRUE, 0, sizeof(int), &zero, 0, nullptr, nullptr) ==
+  Check(clEnqueueWriteBuffer(q, m, CL_TRUE, 0, sizeof(int), &zero, 0, nullptr, nullptr) ==
             CL_SUCCESS, d.label + ": write");
   cl_kernel k = clCreateKernel(d.prog, "tiny", &err);
   clSetKernelArg(k, 0, sizeof(cl_mem), &m);
@@ -141,37 +151,12 @@ std::vector<double> LaunchLatencies(Dev& d, int n) {
   us.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     auto s = Clock::now();
-    Check(clEnqueueNDRangeKernel(d.q, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr) ==
-              CL_SUCCESS && clFinish(d.q) == CL_SUCCESS, d.label + ": launch");
-    us.push_back(Seconds(Clock::now() - s) * 1e6);
-  }
-  int got = -1;
-  clEnqueueReadBuffer(d.q, m, CL_TRUE, 0, sizeof(int), &got, 0, nullptr, nullptr);
-  Check(got == n, d.label + ": the launches' result is " + std::to_string(got) + ", want " +
-                      std::to_string(n));
-  clReleaseKernel(k);
-  clReleaseMemObject(m);
-  return us;
-}
-
-// Blocking launches timed by their events, as timing code is written: a launch with an event
-// on a profiling queue, clWaitForEvents, its start and end (two clGetEventProfilingInfo calls),
-// clReleaseEvent. Per-launch microseconds. Through gmux the times come in one answer after the
-// wait (docs/policies.md, "Profiling times asked once per event").
-std::vector<double> TimedLaunchUs(Dev& d, int n) {
-  cl_int err = CL_SUCCESS;
-  const cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
-  cl_command_queue q = clCreateCommandQueueWithProperties(d.ctx, d.device, props, &err);
-  Check(q != nullptr, d.label + ": a profiling queue");
-  cl_mem m = clCreateBuffer(d.ctx, CL_MEM_READ_WRITE, sizeof(int), nullptr, &err);
-  Check(m != nullptr, d.label + ": clCreateBuffer");
-  cl_kernel k = clCreateKernel(d.prog, "tiny", &err);
-  clSetKernelArg(k, 0, sizeof(cl_mem), &m);
-  size_t g = 1;
-  std::vector<double> us;
-  us.reserve(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    auto s = Clock::now();
+    if (!timed) {
+      Check(clEnqueueNDRangeKernel(q, k, 1, nullptr, &g, nullptr, 0, nullptr, nullptr) ==
+                CL_SUCCESS && clFinish(q) == CL_SUCCESS, d.label + ": launch");
+      us.push_back(Seconds(Clock::now() - s) * 1e6);
+      continue;
+    }
     cl_event ev = nullptr;
     cl_ulong start = 0, end = 0;
     Check(clEnqueueNDRangeKernel(q, k, 1, nullptr, &g, nullptr, 0, nullptr, &ev) ==
@@ -186,9 +171,13 @@ std::vector<double> TimedLaunchUs(Dev& d, int n) {
     us.push_back(Seconds(Clock::now() - s) * 1e6);
     Check(end >= start && end > 0, d.label + ": a launch's end before its start");
   }
+  int got = -1;
+  clEnqueueReadBuffer(q, m, CL_TRUE, 0, sizeof(int), &got, 0, nullptr, nullptr);
+  Check(got == n, d.label + ": the launches' result is " + std::to_string(got) + ", want " +
+                      std::to_string(n));
   clReleaseKernel(k);
   clReleaseMemObject(m);
-  clReleaseCommandQueue(q);
+  if (timed) clReleaseCommandQueue(q);
   return us;
 }
 
@@ -794,7 +783,7 @@ int RunBench(const BenchOptions& o) {
     }
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) {
-        auto us = TimedLaunchUs(*devs[i], launches);
+        auto us = LaunchLatencies(*devs[i], launches, /*timed=*/true);
         timed50[i].push_back(Percentile(us, 0.5));
         timed99[i].push_back(Percentile(us, 0.99));
       }
