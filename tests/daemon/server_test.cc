@@ -15,12 +15,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include "proto/event_profile.h"
 #include "proto/shm_ring.h"
 
 namespace gmux::daemon {
@@ -305,6 +307,66 @@ TEST_F(ServerTest, UnknownIdsAreErrors) {
   EXPECT_EQ(c.Call(rel), CL_INVALID_VALUE);
   EXPECT_EQ(c.CreateContext(1), 0);
   EXPECT_EQ(c.CreateContext(1), CL_INVALID_VALUE) << "an id in use";
+}
+
+// waitEventsProfiled (proto/event_profile.h): the answer carries each listed event's times, in
+// order, the same as the event's GetInfo of every time at once; unknown or no ids are errors,
+// as for waitEvents, and the session keeps serving.
+TEST_F(ServerTest, AProfiledWaitCarriesTheEventsTimes) {
+  RawClient c(socket());
+  ASSERT_EQ(c.Hello(), 0);
+  ASSERT_EQ(c.CreateContext(1), 0);
+  ASSERT_EQ(c.CreateQueue(2, 1), 0);
+  capnp::MallocMessageBuilder m;
+  auto e = m.initRoot<wire::Request>().initEnqueue();
+  e.setQueue(2);
+  e.setEvent(5);
+  e.setKeepEvent(true);
+  e.setMarker();
+  ASSERT_TRUE(c.Send(m).ok());
+  capnp::MallocMessageBuilder w;
+  auto req = w.initRoot<wire::Request>();
+  req.setSeq(900);
+  auto ids = req.initWaitEventsProfiled(2);
+  ids.set(0, 5);
+  ids.set(1, 5);
+  ASSERT_TRUE(c.Send(w).ok());
+  auto reply = c.Read();
+  ASSERT_TRUE(reply.ok());
+  auto r = reply->root<wire::Reply>();
+  EXPECT_EQ(r.getSeq(), 900u);
+  ASSERT_EQ(r.getStatus(), CL_SUCCESS) << r.getMessage().cStr();
+  ASSERT_TRUE(r.isInfo());
+  constexpr size_t kEach = proto::EventProfile::kWireBytes;
+  const std::vector<uint8_t> got(r.getInfo().begin(), r.getInfo().end());
+  ASSERT_EQ(got.size(), 2 * kEach);
+  auto first = proto::EventProfile::Decode(got.data(), kEach);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(first->Has(CL_PROFILING_COMMAND_START));
+  EXPECT_TRUE(first->Has(CL_PROFILING_COMMAND_END));
+  EXPECT_LE(first->Get(CL_PROFILING_COMMAND_START), first->Get(CL_PROFILING_COMMAND_END));
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + kEach, got.begin() + kEach));
+  capnp::MallocMessageBuilder g;
+  auto greq = g.initRoot<wire::Request>();
+  greq.setSeq(901);
+  auto gi = greq.initGetInfo();
+  gi.setKind(wire::ObjectKind::EVENT);
+  gi.setId(5);
+  gi.setParam(proto::kProfilingAllParam);
+  ASSERT_TRUE(c.Send(g).ok());
+  auto info = c.Read();
+  ASSERT_TRUE(info.ok());
+  ASSERT_TRUE(info->root<wire::Reply>().isInfo());
+  const auto one = info->root<wire::Reply>().getInfo();
+  EXPECT_TRUE(one.size() == kEach && std::equal(one.begin(), one.end(), got.begin()));
+
+  capnp::MallocMessageBuilder unknown;
+  unknown.initRoot<wire::Request>().initWaitEventsProfiled(1).set(0, 4242);
+  EXPECT_EQ(c.Call(unknown), CL_INVALID_EVENT);
+  capnp::MallocMessageBuilder none;
+  none.initRoot<wire::Request>().initWaitEventsProfiled(0);
+  EXPECT_EQ(c.Call(none), CL_INVALID_VALUE);
+  EXPECT_EQ(c.CreateContext(3), 0);
 }
 
 TEST_F(ServerTest, ASessionCannotNameAnotherSessionsObjects) {
