@@ -498,6 +498,10 @@ namespace {
 
 constexpr size_t kMaxInfoBytes = 1u << 20;
 
+// Whether a command's profiling times can be read: it completed, or its results are being
+// delivered (`ran` is set just before the record completes).
+bool ProfilingReady(const EventRecord& ev) { return ev.status() == CL_COMPLETE || ev.ran.load(); }
+
 // A completed command's profiling times, each as clGetEventProfilingInfo of the backend event
 // that answers it (EventRecord::ProfilingEvent); what the backend does not give is left out.
 proto::EventProfile ProfileOf(const EventRecord& ev) {
@@ -2173,7 +2177,7 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
       }
       if (p == proto::kProfilingAllParam) {
         // Every value at once (proto/event_profile.h), each as the single query answers it.
-        if ((*ev)->status() != CL_COMPLETE && !(*ev)->ran.load()) {
+        if (!ProfilingReady(**ev)) {
           return {CL_PROFILING_INFO_NOT_AVAILABLE, "event not complete"};
         }
         const std::vector<uint8_t> v = ProfileOf(**ev).Encode();
@@ -2182,7 +2186,7 @@ Session::Err Session::GetInfo(wire::GetInfo::Reader r, capnp::MallocMessageBuild
       }
       if (p >= CL_PROFILING_COMMAND_QUEUED && p <= CL_PROFILING_COMMAND_COMPLETE) {
         Ref<cl_event> b = (*ev)->ProfilingEvent(p);
-        if (!b || ((*ev)->status() != CL_COMPLETE && !(*ev)->ran.load())) {
+        if (!b || !ProfilingReady(**ev)) {
           return {CL_PROFILING_INFO_NOT_AVAILABLE, "event not complete"};
         }
         return query([&](size_t s, void* v, size_t* o) {
@@ -3430,7 +3434,7 @@ Session::Err Session::WaitEvents(uint64_t seq, capnp::List<uint64_t>::Reader ids
       info.reserve(all->size() * proto::EventProfile::kWireBytes);
       for (const auto& w : *all) {
         proto::EventProfile p;
-        if (auto rec = w.lock(); rec && (rec->status() == CL_COMPLETE || rec->ran.load())) {
+        if (auto rec = w.lock(); rec && ProfilingReady(*rec)) {
           p = ProfileOf(*rec);
         }
         const std::vector<uint8_t> one = p.Encode();

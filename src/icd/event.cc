@@ -54,8 +54,8 @@ cl_int CL_API_CALL WaitForEvents(cl_uint n, const cl_event* events) {
   }
   // Every one completed without error as far as the ICD knows already (a blocking call's
   // event, or one waited for before): nothing to ask, and no request is built.
-  if (all_complete && !Conn().Lost()) return CL_SUCCESS;
   Connection& c = Conn();
+  if (all_complete && !c.Lost()) return CL_SUCCESS;
   // Timing code reads a command's profiling times right after waiting for it: an event of a
   // profiling queue whose times are not here yet has them sent with the wait's answer.
   bool profiled = false;
