@@ -1,5 +1,6 @@
 #include "daemon/executor.h"
 
+#include "common/stage_trace.h"
 #include "daemon/remote_copy.h"
 
 #include <algorithm>
@@ -26,11 +27,13 @@ void Executor::Close() {
 }
 
 void Executor::Run(std::vector<Job>& jobs) {
+  GMUX_STAGE(3);
   {
     for (auto& j : jobs) Enqueue(std::move(j));
     jobs.clear();
     // Flush so the device starts (some backends only launch on flush), once per batch and queue.
     for (const auto& q : unflushed_) Dispatch(q->h).clFlush(q->h);
+    GMUX_STAGE(4);
     unflushed_.clear();
     // One completion callback per batch, on its last command: when it fires, the earlier ones
     // have usually finished too and are collected without a wake-up each (see OnDone).
@@ -84,6 +87,7 @@ void Executor::OnDone(const std::shared_ptr<Entry>& e, cl_int status) {
 }
 
 void CL_CALLBACK Executor::OnEvent(cl_event, cl_int status, void* user) {
+  GMUX_STAGE(5);
   std::shared_ptr<Entry> e = std::move(*static_cast<std::shared_ptr<Entry>*>(user));
   delete static_cast<std::shared_ptr<Entry>*>(user);
   std::shared_ptr<Gate> gate = e->gate;

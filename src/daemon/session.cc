@@ -1,6 +1,7 @@
 #include "daemon/session.h"
 
 #include "common/sealed_memfd.h"
+#include "common/stage_trace.h"
 
 #include "daemon/remote_copy.h"
 
@@ -155,6 +156,7 @@ void SessionCore::Send(capnp::MessageBuilder& message) {
   if (closed.load() || stop_) return;
   if (out_.empty() && !writing_) {
     auto rest = proto::WriteFrameNow(outlet(), proto::FrameKind::kReply, message, limits);
+    GMUX_STAGE(6);
     if (!rest.ok() || rest->empty()) return;
     Queue(Out{std::move(*rest), nullptr});
     return;
@@ -1026,6 +1028,7 @@ Status Session::Serve() {
       sink_.AwaitRelease(core_->fd);  // the broker's go-ahead for what was just sent
     });
     if (!msg.ok()) return msg.status();
+    GMUX_STAGE(1);
     RefreshLimits();
     capnp::MallocMessageBuilder reply(kj::arrayPtr(reply_scratch_.get(), kReplyScratchWords));
     bool replied = false;
@@ -1050,6 +1053,7 @@ Status Session::Serve() {
     // A request that waits for an answer may wait on these commands: hand them over first.
     // Its client most likely sends nothing more until it has the answer.
     if (seq != 0) {
+      GMUX_STAGE(2);
       SubmitPending();
       reader.ExpectQuiet();
     }

@@ -18,6 +18,7 @@
 #include <kj/exception.h>
 
 #include "common/bulk_copy.h"
+#include "common/stage_trace.h"
 #include "tls/tls.h"
 
 #include <algorithm>
@@ -547,10 +548,12 @@ cl_int Connection::Call(capnp::MallocMessageBuilder& request, std::optional<prot
                         std::string* error_message, int pass_fd) {
   ShmBuffer pass;
   pass.fd = pass_fd;
+  GMUX_STAGE(0);
   uint64_t seq = Begin(request, nullptr, 0, nullptr, pass, /*keep_shm=*/true);
   if (seq == 0) return CL_DEVICE_NOT_AVAILABLE;  // a forked child (Begin)
   std::unique_lock<std::mutex> lock(mu_);
   AwaitReply(lock, seq);
+  GMUX_STAGE(7);
   Pending p = std::move(pending_[seq]);
   pending_.erase(seq);
   if (reply != nullptr && p.reply) *reply = std::move(p.reply);

@@ -19,6 +19,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/stage_trace.h"
 #include "daemon/backend.h"
 #include "daemon/control.h"
 #include "daemon/log.h"
@@ -192,6 +193,7 @@ int main(int argc, char** argv) {
   queue.Start();
   Session session(core, **backend, queue, limits);
   session.Serve().IgnoreError();
+  GMUX_STAGE_WRITE();  // before _exit (a stage-trace build only)
   // The client left (or broke the protocol): the process ends, and with it every backend
   // object of the session, whatever is still running. What finished is reported first: a
   // client that exits right after its last blocking call is charged for it.
