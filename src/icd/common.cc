@@ -182,6 +182,10 @@ void Enqueuer::MakeEvent() {
   if (event_out_ != nullptr) {
     *event_out_ = NewEvent(q_->context, q_, type_, id_);
     (*event_out_)->number = number_;
+    if ((q_->properties & CL_QUEUE_PROFILING_ENABLE) != 0) {
+      std::lock_guard<std::mutex> lock(q_->last_mu);
+      q_->last_event = *event_out_;
+    }
   }
 }
 

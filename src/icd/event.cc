@@ -39,6 +39,11 @@ cl_int CL_API_CALL ReleaseEvent(cl_event e) { return Release(e); }
 void Destroy(_cl_event* e) {
   cl_context ctx = e->context;
   cl_command_queue q = e->queue;
+  if (q != nullptr) {
+    // The event holds its queue until after this, so the queue is there to be told.
+    std::lock_guard<std::mutex> lock(q->last_mu);
+    if (q->last_event == e) q->last_event = nullptr;
+  }
   delete e;
   if (q != nullptr) ReleaseCommandQueue(q);
   ReleaseContext(ctx);

@@ -104,6 +104,10 @@ struct _cl_command_queue : gmux::icd::ObjectHeader {
   // blocking transfer of a buffer on shared memory is a copy by the caller (transfer.cc).
   std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> settled{0};
+  // On a queue with CL_QUEUE_PROFILING_ENABLE: the event of the last command enqueued with one
+  // (null once that event is destroyed), for clFinish to bring its times (queue.cc, Finish).
+  std::mutex last_mu;
+  cl_event last_event = nullptr;  // under last_mu
 };
 
 struct Mapping {

@@ -639,6 +639,86 @@ TEST_F(IcdAsyncErrorTest, AWaitBringsTheProfilingTimesOfItsEvents) {
   EXPECT_EQ(cl().clReleaseCommandQueue(q), CL_SUCCESS);
 }
 
+// A kernel timed with clFinish: on an in-order profiling queue whose last command has an event
+// without times, the finish is a profiled wait for that command, so the profiling queries after
+// it send nothing. Anything else (another last command, the event released, no profiling, the
+// command failed) is a plain finish; out of order: FeaturesTest.ATimedKernelFinishedThenQueried.
+TEST_F(IcdAsyncErrorTest, AFinishBringsTheTimesOfTheLastCommand) {
+  std::atomic<bool> fail{false};
+  ScopedHandler handler(daemon(), [&fail](wire::Request::Reader r) {
+    if (r.isWaitEventsProfiled()) {
+      if (fail.load()) {
+        return Response::WithStatus(r.getSeq(), CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST);
+      }
+      std::vector<uint8_t> info;
+      for (size_t i = 0; i < r.getWaitEventsProfiled().size(); ++i) {
+        proto::EventProfile p;
+        for (uint32_t k = 0; k < proto::kProfilingValues; ++k) p.value[k] = 3000 + k;
+        p.available = 0x1F;
+        auto one = p.Encode();
+        info.insert(info.end(), one.begin(), one.end());
+      }
+      return Response::WithInfo(r.getSeq(), info);
+    }
+    return FakeDaemon::Default(r);
+  });
+  cl_int err = CL_SUCCESS;
+  const cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+  cl_command_queue q = cl().clCreateCommandQueueWithProperties(ctx_, device(), props, &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  // clFinish(queue) succeeds, having sent `waits` profiled waits and `finishes` finishes.
+  auto finish_sends = [&](cl_command_queue queue, size_t waits, size_t finishes) {
+    daemon().ClearSeen();
+    EXPECT_EQ(cl().clFinish(queue), CL_SUCCESS);
+    EXPECT_EQ(daemon().Count(wire::Request::WAIT_EVENTS_PROFILED), waits);
+    EXPECT_EQ(daemon().Count(wire::Request::FINISH), finishes);
+  };
+  cl_event ev = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &ev), CL_SUCCESS);
+  finish_sends(q, 1, 0);
+  cl_ulong t = 0;
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 3002u);
+  EXPECT_EQ(cl().clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof(t), &t, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(t, 3003u);
+  EXPECT_EQ(daemon().Count(wire::Request::GET_INFO), 0u);
+  cl_int status = 0;
+  EXPECT_EQ(cl().clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                                nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(status, CL_COMPLETE);
+  // Everything known complete: the next finish asks nothing; the event's own count is as it was.
+  finish_sends(q, 0, 0);
+  cl_uint refs = 0;
+  EXPECT_EQ(cl().clGetEventInfo(ev, CL_EVENT_REFERENCE_COUNT, sizeof(refs), &refs, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(refs, 1u);
+
+  // The last command has no event.
+  cl_event e2 = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &e2), CL_SUCCESS);
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, nullptr), CL_SUCCESS);
+  finish_sends(q, 0, 1);
+  // Its event released before the finish.
+  cl_event e3 = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &e3), CL_SUCCESS);
+  EXPECT_EQ(cl().clReleaseEvent(e3), CL_SUCCESS);
+  finish_sends(q, 0, 1);
+  // No profiling on the queue.
+  cl_event e4 = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &e4), CL_SUCCESS);
+  finish_sends(queue_, 0, 1);
+  // The command failed: the wait says so, and a plain finish answers as it always did.
+  fail = true;
+  cl_event e6 = nullptr;
+  ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(q, 0, nullptr, &e6), CL_SUCCESS);
+  finish_sends(q, 1, 1);
+  for (cl_event e : {ev, e2, e4, e6}) EXPECT_EQ(cl().clReleaseEvent(e), CL_SUCCESS);
+  EXPECT_EQ(cl().clReleaseCommandQueue(q), CL_SUCCESS);
+}
+
 // An event waited for without error is complete from then on: waiting for it again or asking its
 // status sends nothing. One that failed is asked again.
 TEST_F(IcdAsyncErrorTest, AnEventWaitedForIsKnownCompleteAfterwards) {

@@ -177,6 +177,78 @@ TEST_P(FeaturesTest, ProfilingTimesAreOrderedAndStable) {
   clReleaseMemObject(buf);
 }
 
+// A kernel timed the way clpeak times it: launch with an event, clFinish, then the event's
+// start and end (through gmux the finish brings them: icd/queue.cc Finish). In order and out of
+// order, with the event's command last in the queue and not.
+TEST_P(FeaturesTest, ATimedKernelFinishedThenQueried) {
+  ClDevice o;
+  ASSERT_TRUE(OpenDevice(GetParam(), o, CL_QUEUE_PROFILING_ENABLE));
+  cl_int err = CL_SUCCESS;
+  cl_program p = BuildProgram(o, kScale);
+  ASSERT_NE(p, nullptr);
+  const size_t n = 1024;
+  std::vector<int> zeros(n, 0);
+  cl_mem buf = clCreateBuffer(o.context, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n * sizeof(int),
+                              zeros.data(), &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  cl_kernel k = clCreateKernel(p, "addk", &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  int v = 1;
+  clSetKernelArg(k, 0, sizeof(cl_mem), &buf);
+  clSetKernelArg(k, 1, sizeof(int), &v);
+  cl_command_queue ooo = clCreateCommandQueue(
+      o.context, o.device, CL_QUEUE_PROFILING_ENABLE | CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE,
+      &err);
+  ASSERT_EQ(err, CL_SUCCESS);
+  int launches = 0;
+  auto timed = [&](cl_command_queue q, bool then_read) {
+    cl_event ev = nullptr;
+    ASSERT_EQ(clEnqueueNDRangeKernel(q, k, 1, nullptr, &n, nullptr, 0, nullptr, &ev), CL_SUCCESS);
+    ++launches;
+    std::vector<int> host(n, -1);
+    if (then_read) {
+      ASSERT_EQ(clEnqueueReadBuffer(q, buf, CL_FALSE, 0, n * sizeof(int), host.data(), 0, nullptr,
+                                    nullptr),
+                CL_SUCCESS);
+    }
+    ASSERT_EQ(clFinish(q), CL_SUCCESS);
+    cl_int status = 0;
+    ASSERT_EQ(clGetEventInfo(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                             nullptr),
+              CL_SUCCESS);
+    EXPECT_EQ(status, CL_COMPLETE);
+    cl_ulong start = 0, end = 0, again = 0;
+    ASSERT_EQ(clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof(start), &start,
+                                      nullptr),
+              CL_SUCCESS);
+    ASSERT_EQ(clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof(end), &end, nullptr),
+              CL_SUCCESS);
+    EXPECT_GT(start, 0u);
+    EXPECT_LE(start, end);
+    ASSERT_EQ(clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof(again), &again,
+                                      nullptr),
+              CL_SUCCESS);
+    EXPECT_EQ(again, start);
+    if (then_read) {
+      EXPECT_EQ(host[n - 1], launches);
+    }
+    clReleaseEvent(ev);
+  };
+  timed(o.queue, false);
+  timed(o.queue, true);
+  timed(o.queue, false);
+  timed(ooo, false);
+  std::vector<int> host(n, -1);
+  ASSERT_EQ(clEnqueueReadBuffer(o.queue, buf, CL_TRUE, 0, n * sizeof(int), host.data(), 0, nullptr,
+                                nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(host[0], launches);
+  clReleaseCommandQueue(ooo);
+  clReleaseKernel(k);
+  clReleaseProgram(p);
+  clReleaseMemObject(buf);
+}
+
 TEST_P(FeaturesTest, UserEventHoldsCommandsUntilSet) {
   cl_int err;
   const size_t n = 256;

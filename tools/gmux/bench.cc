@@ -126,14 +126,19 @@ void Check(bool ok, const std::string& what) {
   if (!ok) throw Failure{what};
 }
 
-// Blocking launches of one work-item: per-launch microseconds. Each followed by clFinish, or
-// with `timed` as timing code is written: a launch with an event on a profiling queue,
-// clWaitForEvents, its start and end (two clGetEventProfilingInfo calls), clReleaseEvent. Through
-// gmux a timed launch's times come with the wait's answer (docs/policies.md, "Profiling times
-// asked once per event").
-std::vector<double> LaunchLatencies(Dev& d, int n, bool timed = false) {
+// How LaunchLatencies' loop waits for each launch: clFinish; or as timing code is written, a
+// launch with an event on a profiling queue, clWaitForEvents (kTimedWait) or clFinish (kTimed
+// Finish, as clpeak times its kernels), its start and end (two clGetEventProfilingInfo calls),
+// clReleaseEvent.
+enum class LaunchWait { kFinish, kTimedWait, kTimedFinish };
+
+// Blocking launches of one work-item: per-launch microseconds. Through gmux a timed launch's
+// times come with the wait's or the finish's answer (docs/policies.md, "Profiling times asked
+// once per event").
+std::vector<double> LaunchLatencies(Dev& d, int n, LaunchWait how = LaunchWait::kFinish) {
   cl_int err = CL_SUCCESS;
   cl_command_queue q = d.q;
+  const bool timed = how != LaunchWait::kFinish;
   if (timed) {
     const cl_queue_properties props[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
     q = clCreateCommandQueueWithProperties(d.ctx, d.device, props, &err);
@@ -161,7 +166,8 @@ std::vector<double> LaunchLatencies(Dev& d, int n, bool timed = false) {
     cl_ulong start = 0, end = 0;
     Check(clEnqueueNDRangeKernel(q, k, 1, nullptr, &g, nullptr, 0, nullptr, &ev) ==
                   CL_SUCCESS &&
-              clWaitForEvents(1, &ev) == CL_SUCCESS &&
+              (how == LaunchWait::kTimedWait ? clWaitForEvents(1, &ev) : clFinish(q)) ==
+                  CL_SUCCESS &&
               clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof(start), &start,
                                       nullptr) == CL_SUCCESS &&
               clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof(end), &end,
@@ -772,7 +778,7 @@ int RunBench(const BenchOptions& o) {
   try {
     // Each workload alternates the platforms `repeat` times; the median run is reported.
     std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2], wgq[2], idle50[2],
-        idle99[2], poll50[2], poll99[2], timed50[2], timed99[2];
+        idle99[2], poll50[2], poll99[2], timed50[2], timed99[2], ftimed50[2], ftimed99[2];
     Dev* devs[2] = {&nat, &gm};
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) {
@@ -783,9 +789,16 @@ int RunBench(const BenchOptions& o) {
     }
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) {
-        auto us = LaunchLatencies(*devs[i], launches, /*timed=*/true);
+        auto us = LaunchLatencies(*devs[i], launches, LaunchWait::kTimedWait);
         timed50[i].push_back(Percentile(us, 0.5));
         timed99[i].push_back(Percentile(us, 0.99));
+      }
+    }
+    for (int r = 0; r < repeat; ++r) {
+      for (int i = 0; i < 2; ++i) {
+        auto us = LaunchLatencies(*devs[i], launches, LaunchWait::kTimedFinish);
+        ftimed50[i].push_back(Percentile(us, 0.5));
+        ftimed99[i].push_back(Percentile(us, 0.99));
       }
     }
     for (int r = 0; r < repeat; ++r) {
@@ -827,6 +840,8 @@ int RunBench(const BenchOptions& o) {
       out["launch_us"][names[i]] = {{"p50", Median(p50[i])}, {"p99", Median(p99[i])}};
       out["timed_launch_us"][names[i]] = {{"p50", Median(timed50[i])},
                                           {"p99", Median(timed99[i])}};
+      out["finish_timed_launch_us"][names[i]] = {{"p50", Median(ftimed50[i])},
+                                                 {"p99", Median(ftimed99[i])}};
       out["idle_finish_us"][names[i]] = {{"p50", Median(idle50[i])}, {"p99", Median(idle99[i])}};
       out["status_poll_us"][names[i]] = {{"p50", Median(poll50[i])}, {"p99", Median(poll99[i])}};
       out["pipelined_per_s"][names[i]] = Median(rate[i]);
@@ -901,6 +916,11 @@ int RunBench(const BenchOptions& o) {
   row("launch timed by its event p50 (us)", tn, tg, tg / tn,
       "added " + std::to_string(static_cast<int>(tg - tn)) + " us = " +
           std::to_string(rtt > 0 ? (tg - tn) / rtt : 0).substr(0, 4) + " round trips");
+  const double hn = out["finish_timed_launch_us"]["native"]["p50"];
+  const double hg = out["finish_timed_launch_us"]["gmux"]["p50"];
+  row("  the same with clFinish p50 (us)", hn, hg, hg / hn,
+      "added " + std::to_string(static_cast<int>(hg - hn)) + " us = " +
+          std::to_string(rtt > 0 ? (hg - hn) / rtt : 0).substr(0, 4) + " round trips");
   const double fn = out["idle_finish_us"]["native"]["p50"];
   const double fg = out["idle_finish_us"]["gmux"]["p50"];
   row("clFinish of an idle queue p50 (us)", fn, fg, fn > 0 ? fg / fn : 0, "");

@@ -447,10 +447,10 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", bench_opts.json, "One JSON object instead of the table");
   bench->footer(
       "Workloads, each written as an ordinary program writes it (blocking calls, std::vector):\n"
-      "a 1-work-item launch + clFinish (p50, p99), the same timed by its event (a wait, then\n"
-      "its start and end from clGetEventProfilingInfo), clFinish of an idle queue, the status\n"
-      "of a command that waits on a user event (what a blocking call costs through gmux with\n"
-      "no device work), 20,000 launches then one clFinish, blocking\n"
+      "a 1-work-item launch + clFinish (p50, p99), the same timed by its event (a wait or a\n"
+      "clFinish, then its start and end from clGetEventProfilingInfo), clFinish of an idle\n"
+      "queue, the status of a command that waits on a user event (what a blocking call costs\n"
+      "through gmux with no device work), 20,000 launches then one clFinish, blocking\n"
       "writes and reads of each size (GB/s; each call's p50 and p99 in --json, p99 shown), a\n"
       "512x512 matrix multiply end to end, a work-group size query (clGetKernelWorkGroupInfo,\n"
       "as before each launch), and --clients processes at once, each a closed loop of\n"
