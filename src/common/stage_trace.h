@@ -19,7 +19,6 @@
 
 #ifdef GMUX_STAGE_TRACE
 
-#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 

@@ -134,6 +134,8 @@ cl_int CL_API_CALL Flush(cl_command_queue q) {
   return Conn().Flush();
 }
 
+namespace {
+
 // For Finish: the event of `q`'s last command, retained, when `q` is in order with profiling, the
 // worker sends times with a wait, and that command's times are not here yet; else null.
 cl_event LastUntimedEvent(cl_command_queue q, Connection& c) {
@@ -154,6 +156,8 @@ cl_event LastUntimedEvent(cl_command_queue q, Connection& c) {
   }
   return refs > 0 ? e : nullptr;
 }
+
+}  // namespace
 
 cl_int CL_API_CALL Finish(cl_command_queue q) {
   if (!Valid(q)) return CL_INVALID_COMMAND_QUEUE;

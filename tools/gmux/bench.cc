@@ -780,41 +780,25 @@ int RunBench(const BenchOptions& o) {
     std::vector<double> p50[2], p99[2], rate[2], mms[2], allocs[2], wgq[2], idle50[2],
         idle99[2], poll50[2], poll99[2], timed50[2], timed99[2], ftimed50[2], ftimed99[2];
     Dev* devs[2] = {&nat, &gm};
-    for (int r = 0; r < repeat; ++r) {
-      for (int i = 0; i < 2; ++i) {
-        auto us = LaunchLatencies(*devs[i], launches);
-        p50[i].push_back(Percentile(us, 0.5));
-        p99[i].push_back(Percentile(us, 0.99));
+    // Runs `per_call(dev)` (per-call microseconds) `repeat` times on each platform, alternating
+    // them, and keeps each run's p50 and p99.
+    auto percentiles = [&](const auto& per_call, std::vector<double> (&p50s)[2],
+                           std::vector<double> (&p99s)[2]) {
+      for (int r = 0; r < repeat; ++r) {
+        for (int i = 0; i < 2; ++i) {
+          auto us = per_call(*devs[i]);
+          p50s[i].push_back(Percentile(us, 0.5));
+          p99s[i].push_back(Percentile(us, 0.99));
+        }
       }
-    }
-    for (int r = 0; r < repeat; ++r) {
-      for (int i = 0; i < 2; ++i) {
-        auto us = LaunchLatencies(*devs[i], launches, LaunchWait::kTimedWait);
-        timed50[i].push_back(Percentile(us, 0.5));
-        timed99[i].push_back(Percentile(us, 0.99));
-      }
-    }
-    for (int r = 0; r < repeat; ++r) {
-      for (int i = 0; i < 2; ++i) {
-        auto us = LaunchLatencies(*devs[i], launches, LaunchWait::kTimedFinish);
-        ftimed50[i].push_back(Percentile(us, 0.5));
-        ftimed99[i].push_back(Percentile(us, 0.99));
-      }
-    }
-    for (int r = 0; r < repeat; ++r) {
-      for (int i = 0; i < 2; ++i) {
-        auto us = IdleFinishUs(*devs[i], launches * 5);
-        idle50[i].push_back(Percentile(us, 0.5));
-        idle99[i].push_back(Percentile(us, 0.99));
-      }
-    }
-    for (int r = 0; r < repeat; ++r) {
-      for (int i = 0; i < 2; ++i) {
-        auto us = StatusPollUs(*devs[i], launches * 5);
-        poll50[i].push_back(Percentile(us, 0.5));
-        poll99[i].push_back(Percentile(us, 0.99));
-      }
-    }
+    };
+    percentiles([&](Dev& d) { return LaunchLatencies(d, launches); }, p50, p99);
+    percentiles([&](Dev& d) { return LaunchLatencies(d, launches, LaunchWait::kTimedWait); },
+                timed50, timed99);
+    percentiles([&](Dev& d) { return LaunchLatencies(d, launches, LaunchWait::kTimedFinish); },
+                ftimed50, ftimed99);
+    percentiles([&](Dev& d) { return IdleFinishUs(d, launches * 5); }, idle50, idle99);
+    percentiles([&](Dev& d) { return StatusPollUs(d, launches * 5); }, poll50, poll99);
     for (int r = 0; r < repeat; ++r) {
       for (int i = 0; i < 2; ++i) rate[i].push_back(PipelinedRate(*devs[i], pipelined));
     }
@@ -905,22 +889,21 @@ int RunBench(const BenchOptions& o) {
               out["native_platform"].get<std::string>().c_str(),
               out["daemon"].get<std::string>().c_str(), repeat);
   std::printf("%-36s %12s %12s %8s  %s\n", "measure", "native", "gmux", "ratio", "goal");
+  // What gmux adds to native's `n` microseconds, in microseconds and in socket round trips.
+  auto added = [rtt](double n, double g) {
+    return "added " + std::to_string(static_cast<int>(g - n)) + " us = " +
+           std::to_string(rtt > 0 ? (g - n) / rtt : 0).substr(0, 4) + " round trips";
+  };
   const double ln = out["launch_us"]["native"]["p50"], lg = out["launch_us"]["gmux"]["p50"];
-  row("blocking launch + clFinish p50 (us)", ln, lg, lg / ln,
-      "added " + std::to_string(static_cast<int>(lg - ln)) + " us = " +
-          std::to_string(rtt > 0 ? (lg - ln) / rtt : 0).substr(0, 4) + " round trips; <= 1");
+  row("blocking launch + clFinish p50 (us)", ln, lg, lg / ln, added(ln, lg) + "; <= 1");
   const double qn = out["launch_us"]["native"]["p99"], qg = out["launch_us"]["gmux"]["p99"];
   row("blocking launch + clFinish p99 (us)", qn, qg, qg / qn, "");
   const double tn = out["timed_launch_us"]["native"]["p50"];
   const double tg = out["timed_launch_us"]["gmux"]["p50"];
-  row("launch timed by its event p50 (us)", tn, tg, tg / tn,
-      "added " + std::to_string(static_cast<int>(tg - tn)) + " us = " +
-          std::to_string(rtt > 0 ? (tg - tn) / rtt : 0).substr(0, 4) + " round trips");
+  row("launch timed by its event p50 (us)", tn, tg, tg / tn, added(tn, tg));
   const double hn = out["finish_timed_launch_us"]["native"]["p50"];
   const double hg = out["finish_timed_launch_us"]["gmux"]["p50"];
-  row("  the same with clFinish p50 (us)", hn, hg, hg / hn,
-      "added " + std::to_string(static_cast<int>(hg - hn)) + " us = " +
-          std::to_string(rtt > 0 ? (hg - hn) / rtt : 0).substr(0, 4) + " round trips");
+  row("  the same with clFinish p50 (us)", hn, hg, hg / hn, added(hn, hg));
   const double fn = out["idle_finish_us"]["native"]["p50"];
   const double fg = out["idle_finish_us"]["gmux"]["p50"];
   row("clFinish of an idle queue p50 (us)", fn, fg, fn > 0 ? fg / fn : 0, "");
