@@ -23,6 +23,10 @@
 #include "core/model.h"
 #include "daemon/cl_ref.h"
 
+namespace gmux::proto {
+class ShmRing;
+}  // namespace gmux::proto
+
 namespace gmux::daemon {
 
 class EventRecord {
@@ -155,9 +159,10 @@ class CommandSink {
   // The user event `ev` was set: commands held behind it may now run.
   virtual void Rescan(std::shared_ptr<EventRecord> ev) = 0;
   // Called by the session thread after a batch was submitted, before it waits for the next
-  // request on `client_fd`: a sink that waits for someone's go-ahead may wait for it here,
-  // awake, for a short while (none by default).
-  virtual void AwaitRelease(int /*client_fd*/) {}
+  // request on `client_fd` (or in `client_ring` when the client's requests come through one):
+  // a sink that waits for someone's go-ahead may wait for it here, awake, for a short while
+  // (none by default).
+  virtual void AwaitRelease(int /*client_fd*/, proto::ShmRing* /*client_ring*/) {}
   // Commands submitted and not yet completed.
   virtual uint64_t Outstanding() const = 0;
   // Blocks until `room()` holds, checked again as commands finish (and every few ms, for what

@@ -1023,9 +1023,10 @@ Status Session::Serve() {
     passed_fd_ = -1;
     if (to_submit_.size() >= 256) SubmitPending();
     // Commands go to the device in batches: once no more requests have arrived.
-    auto msg = reader.Next(&passed_fd_, [this] {
+    auto msg = reader.Next(&passed_fd_, [this, &reader] {
       SubmitPending();
-      sink_.AwaitRelease(core_->fd);  // the broker's go-ahead for what was just sent
+      // The broker's go-ahead for what was just sent.
+      sink_.AwaitRelease(core_->fd, reader.ring());
     });
     if (!msg.ok()) return msg.status();
     GMUX_STAGE(1);
@@ -1064,6 +1065,10 @@ Status Session::Serve() {
       r.setStatus(err.code);
       if (!err.ok()) r.setMessage(err.message);
       core_->Send(reply);
+      if (request_ring_ && reader.ring() == nullptr) {
+        // The answer to `requestRing` has gone: every later request comes through the ring.
+        GMUX_RETURN_IF_ERROR(reader.ReadFromRing(request_ring_.get()));
+      }
     } else if (!err.ok()) {
       // An asynchronous request failed: report it unasked (seq 0); the client returns it from
       // its next blocking call.
@@ -1790,6 +1795,25 @@ Session::Err Session::Handle(wire::Request::Reader req, capnp::MallocMessageBuil
       reply_ring_ = true;
       replied = true;
       core_->UseRing(req.getSeq(), std::move(*ring));
+      return {};
+    }
+
+    case wire::Request::REQUEST_RING: {
+      if (passed_fd_ < 0) return {CL_INVALID_VALUE, "request ring without a descriptor"};
+      int fd = passed_fd_;
+      passed_fd_ = -1;
+      if (request_ring_) {
+        ::close(fd);
+        return {CL_INVALID_OPERATION, "request ring asked for twice"};
+      }
+      if (req.getSeq() == 0) {
+        ::close(fd);
+        return {CL_INVALID_VALUE, "request ring without a seq to answer"};
+      }
+      auto ring = proto::ShmRing::OpenConsumer(fd, req.getRequestRing(), core_->fd);
+      if (!ring.ok()) return {CL_INVALID_VALUE, ring.status().message()};
+      // Read from once the answer has gone (Serve): the client sends nothing before it.
+      request_ring_ = std::move(*ring);
       return {};
     }
 
@@ -3470,6 +3494,7 @@ void BuildHelloReply(capnp::MessageBuilder& b, const Backend& backend, const std
   h.setDataFrames(true);
   h.setReplyRing(true);
   h.setProfiledWaits(true);
+  h.setRequestRing(true);
   const auto& devs = backend.devices();
   // The pool's devices are one device to a tenant: the lowest of them (docs/operations.md).
   std::vector<unsigned> shown;

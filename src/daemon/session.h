@@ -431,6 +431,8 @@ class Session {
   std::vector<ToldComplete> told_complete_;
   int passed_fd_ = -1;  // a descriptor that came with the request being handled (-1: none)
   bool reply_ring_ = false;  // the client's frames go through a ring (SessionCore::UseRing)
+  // The client's frames come through this ring once its `requestRing` is answered (Serve).
+  std::unique_ptr<proto::ShmRing> request_ring_;
   // The client's storage arenas for small buffers (docs/protocol.md, "Buffers on shared
   // memory"), by number: mapped once, for the session (each buffer on one holds it too).
   std::unordered_map<uint32_t, std::shared_ptr<HostBuffer>> arenas_;

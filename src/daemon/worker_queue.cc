@@ -1,5 +1,7 @@
 #include "daemon/worker_queue.h"
 
+#include "proto/shm_ring.h"
+
 #include <poll.h>
 
 #include <algorithm>
@@ -319,10 +321,13 @@ void WorkerQueue::SetReleaseSpin(std::chrono::microseconds budget) {
   release_spin_ = std::make_unique<proto::SpinWait>(proto::SpinWait::ForThisThread(budget));
 }
 
-void WorkerQueue::AwaitRelease(int client_fd) {
+void WorkerQueue::AwaitRelease(int client_fd, proto::ShmRing* client_ring) {
   if (!release_spin_ || !release_awaited_.load() || broker_gone_.load()) return;
   pollfd fds[2] = {{ctl_fd_, POLLIN, 0}, {client_fd, POLLIN, 0}};
-  const bool any = release_spin_->WaitFor([&] { return ::poll(fds, 2, 0) > 0; });
+  const bool any = release_spin_->WaitFor([&] {
+    if (client_ring != nullptr && client_ring->Readable()) return true;
+    return ::poll(fds, 2, 0) > 0;
+  });
   if (!any) {
     // Not within the budget: the loop thread reads it. Counted as a slow wait, so releases
     // that keep coming late (a busy device, another tenant's turn) stop the spinning.

@@ -59,10 +59,10 @@ class WorkerQueue : public CommandSink {
   void SetReleaseSpin(std::chrono::microseconds budget);
   // After the session thread sent commands to the broker for release: it reads the release
   // itself, spinning for up to the budget (proto/spin_wait.h) until the control channel or
-  // `client_fd` has something. The loop thread, asleep in poll(), would otherwise be woken
-  // for it, which on an idle CPU of a virtual machine costs tens of microseconds of the
-  // command's latency (docs/policies.md, "The session thread reads its release").
-  void AwaitRelease(int client_fd) override;
+  // the client (`client_fd`, or `client_ring` where its requests come) has something. The
+  // loop thread, asleep in poll(), would otherwise be woken for it, which on an idle CPU of a
+  // virtual machine costs tens of microseconds of the command's latency (docs/policies.md, "The session thread reads its release").
+  void AwaitRelease(int client_fd, proto::ShmRing* client_ring) override;
   // Memory the session releases stays charged to it up to this much per device, for this long
   // after the last release (docs/policies.md, "Released memory stays charged for a moment").
   static constexpr uint64_t kKeptChargeMax = uint64_t{64} << 20;

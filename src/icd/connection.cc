@@ -229,6 +229,7 @@ Connection* Connection::Connect() {
   h.setDataFrames(data_frames);
   bool storage_arenas = false;  // the worker's answer
   bool reply_ring = false;      // the worker's answer
+  bool request_ring = false;    // the worker's answer
   if (!tcp && !no_shm && OfferRemoteCopy(fd)) {
     h.setProbe(reinterpret_cast<uintptr_t>(&remote_probe));
     h.setProbeCookie(remote_probe);
@@ -271,6 +272,7 @@ Connection* Connection::Connect() {
     conn->data_frames_ = data_frames && rep.getHello().getDataFrames();
     storage_arenas = rep.getHello().getStorageArenas();
     reply_ring = rep.getHello().getReplyRing();
+    request_ring = rep.getHello().getRequestRing();
     conn->profiled_waits_ = rep.getHello().getProfiledWaits();
     conn->hello_pid_ = ::getpid();
     for (auto d : rep.getHello().getDevices()) {
@@ -288,9 +290,24 @@ Connection* Connection::Connect() {
     ::close(fd);
     return nullptr;
   }
-  // Replies through shared memory (proto/shm_ring.h): asked for before any other request, so
-  // nothing but its answer comes on the socket before the ring. GMUX_REPLY_RING=0 says no, as
-  // does GMUX_SHM=0 (every byte through the socket).
+  // Requests through shared memory (proto/shm_ring.h): asked for first, answered on the
+  // socket; every later request (the reply ring's too) goes through the ring.
+  // GMUX_REQUEST_RING=0 says no, as does GMUX_SHM=0 (every byte through the socket).
+  if (const char* e = std::getenv("GMUX_REQUEST_RING");
+      request_ring && !tcp && !no_shm && (e == nullptr || std::strcmp(e, "0") != 0)) {
+    switch (conn->OpenRequestRing(fd)) {
+      case RingOutcome::kOpen:
+      case RingOutcome::kRefused:
+        break;
+      case RingOutcome::kLost:
+        SayOnce("gmuxd's worker ended the session while it set up shared memory for requests");
+        delete conn;
+        ::close(fd);
+        return nullptr;
+    }
+  }
+  // Replies through shared memory: asked for before any other request, so nothing but its
+  // answer comes on the socket before the ring. GMUX_REPLY_RING=0 says no, as does GMUX_SHM=0.
   if (const char* e = std::getenv("GMUX_REPLY_RING");
       reply_ring && !tcp && !no_shm && (e == nullptr || std::strcmp(e, "0") != 0)) {
     switch (conn->OpenReplyRing(fd)) {
@@ -312,7 +329,7 @@ Connection* Connection::Connect() {
       std::make_unique<proto::FrameReader>(fd, proto::FrameKind::kReply, ReplyLimits());
   // Offered in the hello: an older worker that does not know them sends none.
   if (data_frames) conn->replies_->SetDataSink(&conn->read_sink_);
-  if (conn->ring_) conn->replies_->ReadFromRing(conn->ring_.get());
+  if (conn->ring_) conn->replies_->ReadFromRing(conn->ring_.get()).IgnoreError();  // unread
   // Descriptors cannot cross TCP: bulk data goes inline there.
   // GMUX_SHM=0: every byte inline in the stream (no shared memory, no remote copy either).
   if (const char* e = std::getenv("GMUX_SHM"); tcp || (e != nullptr && std::strcmp(e, "0") == 0)) {
@@ -340,16 +357,39 @@ Connection* Connection::Connect() {
   return conn;
 }
 
+Connection::RingOutcome Connection::OpenRequestRing(int fd) {
+  int pass_fd = -1;
+  auto ring = proto::ShmRing::CreateProducer(kRequestRingBytes, fd, &pass_fd);
+  if (!ring.ok()) return RingOutcome::kRefused;  // no memfd here: requests use the socket
+  capnp::MallocMessageBuilder b;
+  auto req = b.initRoot<wire::Request>();
+  req.setRequestRing(kRequestRingBytes);
+  RingOutcome outcome = AskForRing(fd, b, pass_fd, "requests");
+  if (outcome == RingOutcome::kOpen) request_ring_ = std::move(*ring);
+  return outcome;
+}
+
 Connection::RingOutcome Connection::OpenReplyRing(int fd) {
   int pass_fd = -1;
   auto ring = proto::ShmRing::CreateConsumer(kReplyRingBytes, fd, &pass_fd);
   if (!ring.ok()) return RingOutcome::kRefused;  // no memfd here: replies use the socket
   capnp::MallocMessageBuilder b;
   auto req = b.initRoot<wire::Request>();
+  req.setReplyRing(kReplyRingBytes);
+  RingOutcome outcome = AskForRing(fd, b, pass_fd, "replies");
+  if (outcome == RingOutcome::kOpen) ring_ = std::move(*ring);
+  return outcome;
+}
+
+Connection::RingOutcome Connection::AskForRing(int fd, capnp::MallocMessageBuilder& b,
+                                               int pass_fd, const char* what) {
+  auto req = b.getRoot<wire::Request>();
   const uint64_t seq = next_seq_.fetch_add(1);
   req.setSeq(seq);
-  req.setReplyRing(kReplyRingBytes);
-  const bool sent = proto::WriteFrame(fd, proto::FrameKind::kRequest, b, {}, pass_fd).ok();
+  // Through the request ring once there is one (its descriptor on the socket).
+  const bool sent = proto::WriteFrame(proto::Outlet(fd, request_ring_.get()),
+                                      proto::FrameKind::kRequest, b, {}, pass_fd)
+                        .ok();
   ::close(pass_fd);
   if (!sent) return RingOutcome::kLost;
   // Still within the handshake's receive timeout.
@@ -365,32 +405,17 @@ Connection::RingOutcome Connection::OpenReplyRing(int fd) {
     }
     open = rep.getStatus() == CL_SUCCESS;
     if (!open && rep.getMessage().size() != 0) {
-      SayOnce(std::string("gmuxd's worker declined shared memory for replies: ") +
+      SayOnce(std::string("gmuxd's worker declined shared memory for ") + what + ": " +
               rep.getMessage().cStr());
     }
   })) {
     return RingOutcome::kLost;
   }
   if (lost) return RingOutcome::kLost;
-  if (!open) return RingOutcome::kRefused;
-  ring_ = std::move(*ring);
-  return RingOutcome::kOpen;
+  return open ? RingOutcome::kOpen : RingOutcome::kRefused;
 }
 
 namespace {
-
-bool SendAll(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
 
 constexpr size_t kBatchFrameBytes = 16u << 10;  // frames up to this size may wait in the batch
 constexpr size_t kBatchBytes = 64u << 10;       // the batch is sent when it reaches this size
@@ -455,12 +480,12 @@ cl_int Connection::SendLocked(capnp::MallocMessageBuilder& request, bool may_bat
   }
   // Anything batched goes first, so frames keep their order.
   if (!batch_.empty()) {
-    bool ok = SendAll(fd_, batch_.data(), batch_.size());
+    bool ok = proto::WriteAll(out(), batch_).ok();
     batch_.clear();
     if (!ok) return CL_DEVICE_NOT_AVAILABLE;
   }
   if (batched) return CL_SUCCESS;
-  Status s = proto::WriteFrame(fd_, proto::FrameKind::kRequest, request, {}, pass_fd);
+  Status s = proto::WriteFrame(out(), proto::FrameKind::kRequest, request, {}, pass_fd);
   if (s.ok()) return CL_SUCCESS;
   return s.code() == StatusCode::kResourceExhausted ? CL_OUT_OF_RESOURCES : CL_DEVICE_NOT_AVAILABLE;
 }
@@ -470,7 +495,7 @@ cl_int Connection::Flush() {
   auto hold = WaitForHold();
   std::lock_guard<std::mutex> lock(send_mu_);
   if (batch_.empty()) return CL_SUCCESS;
-  bool ok = SendAll(fd_, batch_.data(), batch_.size());
+  bool ok = proto::WriteAll(out(), batch_).ok();
   batch_.clear();
   return ok ? CL_SUCCESS : CL_DEVICE_NOT_AVAILABLE;
 }
@@ -868,11 +893,11 @@ cl_int Connection::PostData(uint64_t token, uint64_t offset, const uint8_t* data
   if (dead_.load()) return CL_DEVICE_NOT_AVAILABLE;
   // Anything batched goes first, so frames keep their order.
   if (!batch_.empty()) {
-    bool ok = SendAll(fd_, batch_.data(), batch_.size());
+    bool ok = proto::WriteAll(out(), batch_).ok();
     batch_.clear();
     if (!ok) return CL_DEVICE_NOT_AVAILABLE;
   }
-  Status s = proto::WriteDataFrame(fd_, {token, offset, static_cast<uint32_t>(n), false}, data);
+  Status s = proto::WriteDataFrame(out(), {token, offset, static_cast<uint32_t>(n), false}, data);
   return s.ok() ? CL_SUCCESS : CL_DEVICE_NOT_AVAILABLE;
 }
 
@@ -1035,6 +1060,7 @@ bool Connection::ReadOne() {
 
 void Connection::Disconnected() {
   ::shutdown(fd_, SHUT_RDWR);  // a half-read frame leaves the stream unusable for everyone
+  if (request_ring_) request_ring_->Close();  // a sender waiting for room stops
   std::vector<std::function<void(cl_int)>> orphans;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -245,8 +245,19 @@ class Connection {
   // (the connection broke).
   enum class RingOutcome { kOpen, kRefused, kLost };
   RingOutcome OpenReplyRing(int fd);
+  // The same for the client's frames to the worker (before the reply ring: that request and
+  // every later one then go through it).
+  RingOutcome OpenRequestRing(int fd);
+  // Sends a ring's request `b` with its memfd `pass_fd` (closed) and reads the answer on the
+  // socket; `what` names the direction in a refusal's message.
+  RingOutcome AskForRing(int fd, capnp::MallocMessageBuilder& b, int pass_fd, const char* what);
   static constexpr size_t kReplyRingBytes = 1u << 20;
+  static constexpr size_t kRequestRingBytes = 1u << 20;
   std::unique_ptr<proto::ShmRing> ring_;  // set at connection, for the process's life
+  // The requests' ring: set at connection, for the process's life (null: the socket).
+  std::unique_ptr<proto::ShmRing> request_ring_;
+  // Where requests go (under send_mu_).
+  proto::Outlet out() const { return {fd_, request_ring_.get()}; }
   // Reads and dispatches one reply; false once the connection is gone (every waiter then has
   // CL_DEVICE_NOT_AVAILABLE). Called by the one thread that holds `reading_`.
   bool ReadOne();

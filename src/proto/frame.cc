@@ -209,7 +209,7 @@ void EncodeHeader(const FrameHeader& header, uint8_t out[kHeaderBytes]) {
   StoreU16(out + 4, header.version);
   StoreU16(out + 6, static_cast<uint16_t>(header.kind));
   StoreU32(out + 8, header.payload_bytes);
-  StoreU32(out + 12, 0);
+  StoreU32(out + 12, header.flags);
 }
 
 Result<FrameHeader> DecodeHeader(std::span<const uint8_t> bytes, const FrameLimits& limits) {
@@ -231,7 +231,8 @@ Result<FrameHeader> DecodeHeader(std::span<const uint8_t> bytes, const FrameLimi
   }
   h.kind = static_cast<FrameKind>(kind);
   h.payload_bytes = LoadU32(p + 8);
-  if (LoadU32(p + 12) != 0) return DataLoss("reserved frame header field is not zero");
+  h.flags = LoadU32(p + 12);
+  if ((h.flags & ~kFrameFlagDescriptor) != 0) return DataLoss("unknown frame header flags");
   if (h.payload_bytes > limits.max_payload_bytes) {
     return ResourceExhausted("frame payload of " + std::to_string(h.payload_bytes) +
                              " bytes exceeds the limit of " +
@@ -352,11 +353,40 @@ std::vector<iovec> FrameIov(Encoded& e) {
   return iov;
 }
 
+// Sends one byte with `fd` attached (SCM_RIGHTS) on the socket `socket`: a descriptor for a frame
+// that goes through a ring.
+Status SendDescriptor(int socket, int fd) {
+  char byte = 2;
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  std::memset(control, 0, sizeof(control));
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  for (;;) {
+    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) == 1) return Status::Ok();
+    if (errno != EINTR) return Unavailable("send: " + ErrnoText(errno));
+  }
+}
+
 // Sends iov[first...] (advancing `first` and the partly sent entry); with `dont_wait`, returns
 // Ok with `first` < iov.size() when the socket is full.
 Status SendIov(Outlet out, std::vector<iovec>& iov, size_t& first, int pass_fd, bool dont_wait) {
   if (out.ring != nullptr) {
-    // No descriptor travels the ring (the worker sends none to its client).
+    // A descriptor cannot travel the ring: it goes on the socket just before the frame, whose
+    // header says a descriptor goes with it (the reader takes the next one there).
+    if (pass_fd >= 0 && first == 0 && iov[0].iov_len == kHeaderBytes) {
+      GMUX_RETURN_IF_ERROR(SendDescriptor(out.fd, pass_fd));
+      auto* header = static_cast<uint8_t*>(iov[0].iov_base);
+      StoreU32(header + 12, LoadU32(header + 12) | kFrameFlagDescriptor);
+    }
     return out.ring->Write(iov.data(), iov.size(), &first,
                            dont_wait ? std::chrono::steady_clock::time_point::min()
                                      : std::chrono::steady_clock::time_point::max());
@@ -576,6 +606,14 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
   return true;
 }
 
+Status FrameReader::ReadFromRing(ShmRing* ring) {
+  if (buffered() != 0) {
+    return DataLoss("the peer sent more on the socket before its ring was answered");
+  }
+  ring_ = ring;
+  return Status::Ok();
+}
+
 bool FrameReader::HasFrame() const {
   if (buffered() < kHeaderBytes) return false;
   Result<FrameHeader> h = DecodeHeader({buf_.data() + begin_, kHeaderBytes}, limits_);
@@ -665,10 +703,14 @@ Status FrameReader::TakeData(uint32_t payload_bytes, bool& told,
   uint8_t pad[8];
   if (ok) ok = Take(pad, padded - f.bytes, error, told, before_wait);
   if (!ok) return error.ok() ? DataLoss("connection closed inside a frame payload") : error;
-  if (!passed_.empty()) {
-    int passed = TakeFd(at, kHeaderBytes + payload_bytes);
-    if (passed >= 0) ::close(passed);  // descriptors never go with data
+  // Descriptors never go with data.
+  int passed = -1;
+  if (ring_ != nullptr) {
+    if ((LoadU32(head + 12) & kFrameFlagDescriptor) != 0) passed = ring_->TakePassedFd();
+  } else if (!passed_.empty()) {
+    passed = TakeFd(at, kHeaderBytes + payload_bytes);
   }
+  if (passed >= 0) ::close(passed);
   return Status::Ok();
 }
 
@@ -763,13 +805,17 @@ Result<std::optional<Message>> FrameReader::NextOrData(int* fd_out,
     offset_ += body;
     if (body < rest) return DataLoss("connection closed inside a frame payload");
   }
-  if (!passed_.empty()) {
-    int passed = TakeFd(at, frame);
-    if (fd_out != nullptr) {
-      *fd_out = passed;
-    } else if (passed >= 0) {
-      ::close(passed);
-    }
+  int passed = -1;
+  if (ring_ != nullptr) {
+    // Its descriptor came on the socket before the frame went into the ring.
+    if ((h.flags & kFrameFlagDescriptor) != 0) passed = ring_->TakePassedFd();
+  } else if (!passed_.empty()) {
+    passed = TakeFd(at, frame);
+  }
+  if (fd_out != nullptr) {
+    *fd_out = passed;
+  } else if (passed >= 0) {
+    ::close(passed);
   }
   GMUX_ASSIGN_OR_RETURN(Message m, DecodePayload(kj::mv(words), kind_, limits_));
   return std::optional<Message>(std::move(m));

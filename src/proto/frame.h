@@ -8,7 +8,9 @@
 //   6       2     kind: 1 = Request (client to daemon), 2 = Reply (daemon to client), 3 = Data
 //                 (either way; only to a peer that said it reads them, see DataFrame)
 //   8       4     payload length in bytes: a multiple of 8, at most FrameLimits::max_payload_bytes
-//   12      4     reserved, must be 0
+//   12      4     flags: bit 0 (kFrameFlagDescriptor) says a descriptor goes with the frame on
+//                 the socket while the frame itself travels a ring (proto/shm_ring.h); the
+//                 other bits must be 0
 //
 // The payload is one Cap'n Proto message in the standard flat (segment table + segments)
 // encoding, whose root is gmux.capnp's Request or Reply. Decoding trusts nothing: the header is
@@ -42,6 +44,9 @@ inline constexpr uint32_t kDefaultMaxPayloadBytes = 32u << 20;
 inline constexpr size_t kBulkChunkBytes = 4u << 20;
 
 enum class FrameKind : uint16_t { kRequest = 1, kReply = 2, kData = 3 };
+
+// Header flag: a descriptor went on the socket for this frame, which travels a ring.
+inline constexpr uint32_t kFrameFlagDescriptor = 1;
 
 // A data frame carries the raw bytes of one chunk of a bulk transfer, without a Cap'n Proto
 // message, so that its reader can receive them straight where they belong (a write's staging
@@ -85,6 +90,7 @@ struct FrameHeader {
   uint16_t version = kProtocolVersion;
   FrameKind kind = FrameKind::kRequest;
   uint32_t payload_bytes = 0;
+  uint32_t flags = 0;
 };
 
 // Writes the 16 header bytes.
@@ -92,8 +98,8 @@ void EncodeHeader(const FrameHeader& header, uint8_t out[kHeaderBytes]);
 
 // Parses and checks a header: magic (kDataLoss), version (kFailedPrecondition, the message names
 // both versions), kind (kInvalidArgument), payload length (kResourceExhausted when over the
-// limit, kDataLoss when not a multiple of 8 or zero), reserved (kDataLoss). The version is
-// checked after the magic, so a peer speaking another version can be told so.
+// limit, kDataLoss when not a multiple of 8 or zero), flags (unknown bits: kDataLoss). The
+// version is checked after the magic, so a peer speaking another version can be told so.
 Result<FrameHeader> DecodeHeader(std::span<const uint8_t> bytes, const FrameLimits& limits);
 
 // A decoded, fully validated message. Owns its words; root<T>() is safe to call repeatedly.
@@ -212,8 +218,10 @@ class FrameReader {
   // awake takes the request without being woken. Not owned; it outlives the reader's use.
   void SpinAfterAnswers(SpinWait* spin) { spin_ = spin; }
   // From here on the frames come through `ring` (not owned; it outlives the reader's use) and
-  // the socket only rings its doorbell (proto/shm_ring.h). Nothing may be buffered.
-  void ReadFromRing(ShmRing* ring) { ring_ = ring; }
+  // the socket only rings its doorbell and brings the descriptors of frames flagged
+  // kFrameFlagDescriptor (proto/shm_ring.h). kDataLoss (and nothing changes) when bytes of the
+  // socket are buffered: the peer sent more before the ring was agreed.
+  Status ReadFromRing(ShmRing* ring);
   ShmRing* ring() const { return ring_; }
 
  private:

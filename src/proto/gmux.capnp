@@ -138,6 +138,7 @@ struct HelloReply {
   storageArenas @7 :Bool;  # the worker knows CreateBuffer's `storageArena` (small buffers)
   replyRing @8 :Bool;      # the worker knows `replyRing` (replies through shared memory)
   profiledWaits @9 :Bool;  # the worker knows `waitEventsProfiled`
+  requestRing @10 :Bool;   # the worker knows `requestRing` (requests through shared memory)
 }
 
 struct GetInfo {
@@ -441,6 +442,10 @@ struct Request {
                                    # (docs/protocol.md, "Replies through shared memory")
     waitEventsProfiled @34 :List(UInt64);  # as waitEvents; a success's `info` carries each
                                    # event's profiling times (proto/event_profile.h), in order
+    requestRing @35 :UInt64;       # local sessions: the capacity of the ring whose memfd comes
+                                   # with the request; once answered, every later frame from
+                                   # the client comes through it (docs/protocol.md, "Requests
+                                   # through shared memory")
   }
 }
 

@@ -57,26 +57,28 @@ constexpr std::chrono::milliseconds kSpaceWaitSlice{10};
 
 }  // namespace
 
-Result<std::unique_ptr<ShmRing>> ShmRing::CreateConsumer(size_t capacity, int socket,
-                                                         int* pass_fd) {
+Result<std::unique_ptr<ShmRing>> ShmRing::Create(const char* what, const char* memfd_name,
+                                                size_t capacity, int socket, int* pass_fd) {
   *pass_fd = -1;
-  if (!PowerOfTwoWithin(capacity)) return InvalidArgument("reply ring capacity out of bounds");
-  int fd = ::memfd_create("gmux-replies", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (!PowerOfTwoWithin(capacity)) {
+    return InvalidArgument(std::string(what) + " capacity out of bounds");
+  }
+  int fd = ::memfd_create(memfd_name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return Unavailable(Failed("memfd_create"));
   const size_t bytes = kRingHeaderBytes + capacity;
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
       ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    Status s = Unavailable(Failed("reply ring"));
+    Status s = Unavailable(Failed(what));
     ::close(fd);
     return s;
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
-    Status s = ResourceExhausted(Failed("mmap reply ring"));
+    Status s = ResourceExhausted(Failed((std::string("mmap ") + what).c_str()));
     ::close(fd);
     return s;
   }
-  auto r = std::unique_ptr<ShmRing>(new ShmRing());
+  auto r = std::unique_ptr<ShmRing>(new ShmRing(what));
   r->map_ = p;
   r->map_bytes_ = bytes;
   r->capacity_ = capacity;
@@ -87,33 +89,53 @@ Result<std::unique_ptr<ShmRing>> ShmRing::CreateConsumer(size_t capacity, int so
   return r;
 }
 
-Result<std::unique_ptr<ShmRing>> ShmRing::OpenProducer(int fd, size_t capacity, int socket) {
+Result<std::unique_ptr<ShmRing>> ShmRing::Open(const char* what, int fd, size_t capacity,
+                                              int socket) {
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   if (!PowerOfTwoWithin(capacity)) {
-    return InvalidArgument("reply ring of " + std::to_string(capacity) +
+    return InvalidArgument(std::string(what) + " of " + std::to_string(capacity) +
                            " bytes: a power of two from " + std::to_string(kRingMinBytes) +
                            " to " + std::to_string(kRingMaxBytes) + " expected");
   }
   const size_t bytes = kRingHeaderBytes + capacity;
-  GMUX_RETURN_IF_ERROR(CheckSealedMemfd(fd, bytes, "reply ring", "its capacity"));
+  GMUX_RETURN_IF_ERROR(CheckSealedMemfd(fd, bytes, what, "its capacity"));
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return ResourceExhausted(Failed("mmap reply ring"));
-  auto r = std::unique_ptr<ShmRing>(new ShmRing());
+  if (p == MAP_FAILED) return ResourceExhausted(Failed((std::string("mmap ") + what).c_str()));
+  auto r = std::unique_ptr<ShmRing>(new ShmRing(what));
   r->map_ = p;
   r->map_bytes_ = bytes;
   r->capacity_ = capacity;
   r->socket_ = socket;
   if (r->header()->head.load() != 0 || r->header()->tail.load() != 0) {
-    return InvalidArgument("reply ring already in use");
+    return InvalidArgument(std::string(what) + " already in use");
   }
   return r;
 }
 
+Result<std::unique_ptr<ShmRing>> ShmRing::CreateConsumer(size_t capacity, int socket,
+                                                         int* pass_fd) {
+  return Create("reply ring", "gmux-replies", capacity, socket, pass_fd);
+}
+
+Result<std::unique_ptr<ShmRing>> ShmRing::OpenProducer(int fd, size_t capacity, int socket) {
+  return Open("reply ring", fd, capacity, socket);
+}
+
+Result<std::unique_ptr<ShmRing>> ShmRing::CreateProducer(size_t capacity, int socket,
+                                                         int* pass_fd) {
+  return Create("request ring", "gmux-requests", capacity, socket, pass_fd);
+}
+
+Result<std::unique_ptr<ShmRing>> ShmRing::OpenConsumer(int fd, size_t capacity, int socket) {
+  return Open("request ring", fd, capacity, socket);
+}
+
 ShmRing::~ShmRing() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  for (int fd : passed_) ::close(fd);
 }
 
 void ShmRing::Doorbell() {
@@ -129,13 +151,16 @@ Status ShmRing::Write(iovec* iov, size_t count, size_t* first,
   Header* h = header();
   for (;;) {
     while (*first < count && iov[*first].iov_len == 0) ++*first;
-    if (closed_.load(std::memory_order_relaxed)) return Unavailable("reply ring closed");
+    if (closed_.load(std::memory_order_relaxed)) {
+      return Unavailable(std::string(what_) + " closed");
+    }
     const uint64_t tail = h->tail.load(std::memory_order_acquire);
     if (tail > position_ || position_ - tail > capacity_) {
       // The session ends: its reader sees the socket close.
       closed_ = true;
       ::shutdown(socket_, SHUT_RDWR);
-      return DataLoss("reply ring broken: the client's read position is outside the stream");
+      return DataLoss(std::string(what_) +
+                      " broken: the peer's read position is outside the stream");
     }
     size_t room = capacity_ - static_cast<size_t>(position_ - tail);
     bool wrote = false;
@@ -172,6 +197,10 @@ Status ShmRing::Write(iovec* iov, size_t count, size_t* first,
     if (h->tail.load(std::memory_order_seq_cst) != tail || closed_.load()) continue;
     FutexWait(&h->space_seq, seen,
               std::min<std::chrono::nanoseconds>(wait_until - now, kSpaceWaitSlice));
+    if (h->tail.load(std::memory_order_acquire) == tail && PeerGone()) {
+      closed_ = true;
+      return Unavailable(std::string(what_) + ": the peer is gone");
+    }
   }
 }
 
@@ -185,7 +214,8 @@ Result<size_t> ShmRing::Read(uint8_t* to, size_t n) {
   Header* h = header();
   const uint64_t head = h->head.load(std::memory_order_acquire);
   if (head < position_ || head - position_ > capacity_) {
-    return DataLoss("reply ring broken: the worker's write position is outside the stream");
+    return DataLoss(std::string(what_) +
+                    " broken: the peer's write position is outside the stream");
   }
   const size_t m = std::min(n, static_cast<size_t>(head - position_));
   if (m == 0) return size_t{0};
@@ -233,22 +263,66 @@ bool ShmRing::WaitReadable(int timeout_ms, bool* closed) {
       *closed = true;
     } else if (r > 0) {
       // Doorbells carry nothing: one read takes every bell there is (a stream socket, and the
-      // worker rings once per sleep). Reading on until EAGAIN cost a system call on every wait;
-      // a bell rung after this read makes a later poll return at once and is taken then. The
-      // end of the stream means the worker is gone.
-      char bells[256];
-      for (;;) {
-        const ssize_t k = ::recv(socket_, bells, sizeof(bells), MSG_DONTWAIT);
-        if (k < 0 && errno == EINTR) continue;
-        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) *closed = true;
-        break;
-      }
+      // producer rings once per sleep). Reading on until EAGAIN cost a system call on every
+      // wait; a bell rung after this read makes a later poll return at once and is taken then.
+      // The end of the stream means the producer is gone.
+      if (!DrainSocket()) *closed = true;
     }
     h->consumer_sleeping.store(0, std::memory_order_relaxed);
     if (Readable()) return true;
     if (*closed) return false;
     if (r == 0 && timeout_ms >= 0 && std::chrono::steady_clock::now() >= deadline) return false;
   }
+}
+
+bool ShmRing::DrainSocket() {
+  char bells[256];
+  for (;;) {
+    iovec iov{bells, sizeof(bells)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t k = ::recvmsg(socket_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (k < 0 && errno == EINTR) continue;
+    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return false;
+    if (k < 0) return true;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (passed_.size() < kMaxPassedFds) {
+          passed_.push_back(fd);
+        } else {
+          ::close(fd);
+        }
+      }
+    }
+    return true;
+  }
+}
+
+int ShmRing::TakePassedFd() {
+  // A read stops after the byte a descriptor came with: read until one is there or the
+  // socket has nothing more.
+  for (int reads = 0; passed_.empty() && reads < 64; ++reads) {
+    pollfd p{socket_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0 || (p.revents & POLLIN) == 0) break;
+    if (!DrainSocket()) break;
+  }
+  if (passed_.empty()) return -1;
+  const int fd = passed_.front();
+  passed_.pop_front();
+  return fd;
+}
+
+bool ShmRing::PeerGone() const {
+  pollfd p{socket_, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 }  // namespace gmux::proto

@@ -78,7 +78,7 @@ class RawClient {
   int fd() const { return fd_; }
 
   Status Send(capnp::MallocMessageBuilder& b) {
-    return proto::WriteFrame(fd_, proto::FrameKind::kRequest, b);
+    return proto::WriteFrame(proto::Outlet(fd_, requests_), proto::FrameKind::kRequest, b);
   }
   Result<proto::Message> Read() { return proto::ReadFrame(fd_, proto::FrameKind::kReply); }
 
@@ -114,9 +114,32 @@ class RawClient {
     auto r = b.initRoot<wire::Request>();
     r.setSeq(next_seq_++);
     r.setReplyRing(capacity);
-    if (!proto::WriteFrame(fd_, proto::FrameKind::kRequest, b, {}, memfd).ok()) return INT32_MIN;
+    if (!proto::WriteFrame(proto::Outlet(fd_, requests_), proto::FrameKind::kRequest, b, {},
+                           memfd)
+             .ok()) {
+      return INT32_MIN;
+    }
     auto m = Read();
     return m.ok() ? m->root<wire::Reply>().getStatus() : INT32_MIN;
+  }
+  // Asks for requests through `ring` (the producer's end of the ring on `memfd`, -1: none
+  // passed) and returns the status of the answer; on success every later request goes
+  // through the ring.
+  int32_t RequestRing(int memfd, uint64_t capacity, proto::ShmRing* ring) {
+    capnp::MallocMessageBuilder b;
+    auto r = b.initRoot<wire::Request>();
+    r.setSeq(next_seq_++);
+    r.setRequestRing(capacity);
+    if (!proto::WriteFrame(proto::Outlet(fd_, requests_), proto::FrameKind::kRequest, b, {},
+                           memfd)
+             .ok()) {
+      return INT32_MIN;
+    }
+    auto m = Read();
+    if (!m.ok()) return INT32_MIN;
+    const int32_t status = m->root<wire::Reply>().getStatus();
+    if (status == 0) requests_ = ring;
+    return status;
   }
   uint64_t NextSeq() { return next_seq_++; }
 
@@ -197,6 +220,7 @@ class RawClient {
   int fd_ = -1;
   bool connected_ = false;
   uint64_t next_seq_ = 2;
+  proto::ShmRing* requests_ = nullptr;  // the ring requests go through (RequestRing)
 };
 
 class ServerTest : public ::testing::Test {
@@ -793,7 +817,7 @@ TEST_F(ServerTest, RepliesComeThroughTheRingAndABrokenRingEndsOnlyItsSession) {
   ASSERT_EQ(a.ReplyRing(memfd, proto::kRingMinBytes), 0);
   ::close(memfd);
   proto::FrameReader replies(a.fd(), proto::FrameKind::kReply, {});
-  replies.ReadFromRing(ring->get());
+  ASSERT_TRUE(replies.ReadFromRing(ring->get()).ok());
   // An answer, an unasked error and a refused second ring all come through the ring now, in
   // order.
   {
@@ -854,6 +878,63 @@ TEST_F(ServerTest, RepliesComeThroughTheRingAndABrokenRingEndsOnlyItsSession) {
   EXPECT_EQ(b.CreateQueue(2, 1), 0);
 }
 
+TEST_F(ServerTest, RequestsComeThroughTheRingAndABrokenRingEndsOnlyItsSession) {
+  RawClient a(socket());
+  RawClient b(socket());
+  ASSERT_EQ(a.Hello(), 0);
+  ASSERT_EQ(b.Hello(), 0);
+  int memfd = -1;
+  auto ring = proto::ShmRing::CreateProducer(proto::kRingMinBytes, a.fd(), &memfd);
+  ASSERT_TRUE(ring.ok()) << ring.status().message();
+  const int spare = ::dup(memfd);  // the client's own second view, to break the ring with
+  ASSERT_EQ(a.RequestRing(memfd, proto::kRingMinBytes, ring->get()), 0);
+  ::close(memfd);
+  // Served through the ring now (answers on the socket); a second ring is refused.
+  EXPECT_EQ(a.CreateContext(1), 0);
+  EXPECT_EQ(a.CreateQueue(2, 1), 0);
+  int again = -1;
+  auto second = proto::ShmRing::CreateProducer(proto::kRingMinBytes, a.fd(), &again);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(a.RequestRing(again, proto::kRingMinBytes, second->get()), CL_INVALID_OPERATION);
+  ::close(again);
+  // A request with a descriptor (a reply ring), which goes on the socket beside the ring.
+  int replies_fd = -1;
+  auto replies_ring = proto::ShmRing::CreateConsumer(proto::kRingMinBytes, a.fd(), &replies_fd);
+  ASSERT_TRUE(replies_ring.ok());
+  ASSERT_EQ(a.ReplyRing(replies_fd, proto::kRingMinBytes), 0);
+  ::close(replies_fd);
+  proto::FrameReader replies(a.fd(), proto::FrameKind::kReply, {});
+  ASSERT_TRUE(replies.ReadFromRing(replies_ring->get()).ok());
+  {
+    capnp::MallocMessageBuilder m;
+    m.initRoot<wire::Request>().setStats();
+    m.getRoot<wire::Request>().setSeq(a.NextSeq());
+    ASSERT_TRUE(a.Send(m).ok());
+  }
+  auto stats = replies.Next(nullptr);
+  ASSERT_TRUE(stats.ok()) << stats.status().message();
+  EXPECT_TRUE(stats->root<wire::Reply>().isStats());
+  // The client moves the ring's write position far ahead and rings: the worker ends the
+  // session (never reads outside the ring), and serves the other client as before.
+  void* p = ::mmap(nullptr, proto::kRingHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, spare,
+                   0);
+  ASSERT_NE(p, MAP_FAILED);
+  const uint64_t bogus = 1ull << 40;
+  std::memcpy(static_cast<uint8_t*>(p) + 64, &bogus, sizeof(bogus));
+  const char bell = 1;
+  ASSERT_EQ(::send(a.fd(), &bell, 1, MSG_NOSIGNAL), 1);
+  char byte;
+  ssize_t got;
+  while ((got = ::recv(a.fd(), &byte, 1, 0)) > 0) {
+  }
+  // The end of the stream (a reset: the worker left bytes unread), not the 20 s timeout.
+  EXPECT_TRUE(got == 0 || errno == ECONNRESET) << std::strerror(errno);
+  ::munmap(p, proto::kRingHeaderBytes);
+  ::close(spare);
+  EXPECT_EQ(b.CreateContext(1), 0);
+  EXPECT_EQ(b.CreateQueue(2, 1), 0);
+}
+
 TEST_F(ServerTest, RingsTheWorkerCannotTrustAreRefused) {
   RawClient c(socket());
   ASSERT_EQ(c.Hello(), 0);
@@ -864,6 +945,14 @@ TEST_F(ServerTest, RingsTheWorkerCannotTrustAreRefused) {
   ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
   EXPECT_EQ(c.ReplyRing(fd, proto::kRingMinBytes * 2), CL_INVALID_VALUE);  // smaller than said
   EXPECT_EQ(c.ReplyRing(fd, proto::kRingMinBytes + 8), CL_INVALID_VALUE);  // not a power of 2
+  ::close(fd);
+  // The same for a request ring.
+  EXPECT_EQ(c.RequestRing(-1, proto::kRingMinBytes, nullptr), CL_INVALID_VALUE);
+  fd = ::memfd_create("ring", MFD_ALLOW_SEALING);
+  ASSERT_EQ(::ftruncate(fd, proto::kRingHeaderBytes + proto::kRingMinBytes), 0);
+  EXPECT_EQ(c.RequestRing(fd, proto::kRingMinBytes, nullptr), CL_INVALID_VALUE);
+  ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  EXPECT_EQ(c.RequestRing(fd, proto::kRingMinBytes * 2, nullptr), CL_INVALID_VALUE);
   ::close(fd);
   // Still served on the socket.
   EXPECT_EQ(c.CreateContext(1), 0);

@@ -82,8 +82,15 @@ TEST(FrameTest, RejectsWrongKindAndReservedBits) {
   EXPECT_EQ(DecodeFrame(b2, FrameKind::kRequest, {}).status().code(),
             StatusCode::kInvalidArgument);
   auto b3 = bytes;
-  b3[13] = 1;
+  b3[13] = 1;  // a flag nobody defined
   EXPECT_EQ(DecodeFrame(b3, FrameKind::kRequest, {}).status().code(), StatusCode::kDataLoss);
+  // The one flag there is (a descriptor on the socket for a frame through a ring) decodes.
+  auto b4 = bytes;
+  b4[12] = kFrameFlagDescriptor;
+  EXPECT_TRUE(DecodeFrame(b4, FrameKind::kRequest, {}).ok());
+  auto h = DecodeHeader(std::span<const uint8_t>(b4.data(), kHeaderBytes), {});
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->flags, kFrameFlagDescriptor);
 }
 
 TEST(FrameTest, RejectsAbsurdLengthBeforeAllocating) {

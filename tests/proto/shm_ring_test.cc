@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -40,6 +41,31 @@ struct Pair {
     producer = std::move(*p);
   }
   ~Pair() {
+    for (int fd : {sv[0], sv[1], spare_fd}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+};
+
+// The other direction: the client produces (sv[0]), the worker consumes (sv[1]).
+struct RequestPair {
+  int sv[2] = {-1, -1};
+  std::unique_ptr<ShmRing> producer;
+  std::unique_ptr<ShmRing> consumer;
+  int spare_fd = -1;
+
+  explicit RequestPair(bool keep_fd = false) {
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    int fd = -1;
+    auto p = ShmRing::CreateProducer(kRingMinBytes, sv[0], &fd);
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    producer = std::move(*p);
+    if (keep_fd) spare_fd = ::dup(fd);
+    auto c = ShmRing::OpenConsumer(fd, kRingMinBytes, sv[1]);
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    consumer = std::move(*c);
+  }
+  ~RequestPair() {
     for (int fd : {sv[0], sv[1], spare_fd}) {
       if (fd >= 0) ::close(fd);
     }
@@ -239,7 +265,7 @@ TEST(ShmRingTest, AFrameReaderReadsFramesThroughTheRing) {
   FrameReader reader(pair.sv[1], FrameKind::kReply, {});
   CollectSink sink;
   reader.SetDataSink(&sink);
-  reader.ReadFromRing(pair.consumer.get());
+  ASSERT_TRUE(reader.ReadFromRing(pair.consumer.get()).ok());
   for (uint64_t seq = 1; seq <= 50; ++seq) {
     auto m = reader.Next(nullptr);
     ASSERT_TRUE(m.ok()) << m.status().message();
@@ -257,6 +283,125 @@ TEST(ShmRingTest, AFrameReaderReadsFramesThroughTheRing) {
   pair.sv[0] = -1;
   auto end = reader.Next(nullptr);
   EXPECT_EQ(end.status().code(), StatusCode::kUnavailable);
+}
+
+// A request ring: frames with a descriptor get theirs (sent on the socket just before), in
+// order, among frames without one and data frames larger than the ring; the worker's reader
+// sleeps between bursts and is woken by doorbells.
+TEST(ShmRingTest, RequestsComeThroughTheRingWithTheirDescriptors) {
+  RequestPair pair;
+  constexpr uint64_t kFrames = 60;
+  std::vector<uint8_t> data(2 * kRingMinBytes + 3);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 13);
+  std::thread writer([&] {
+    Outlet out{pair.sv[0], pair.producer.get()};
+    for (uint64_t seq = 1; seq <= kFrames; ++seq) {
+      capnp::MallocMessageBuilder b;
+      auto r = b.initRoot<wire::Request>();
+      r.setSeq(seq);
+      r.setStats();
+      int fd = -1;
+      if (seq % 3 == 0) {
+        // Named by its size: 4 KiB times the frame's seq.
+        fd = ::memfd_create("passed", MFD_CLOEXEC);
+        ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(seq * 4096)), 0);
+      }
+      ASSERT_TRUE(WriteFrame(out, FrameKind::kRequest, b, {}, fd).ok());
+      if (fd >= 0) ::close(fd);
+      if (seq == kFrames / 2) {
+        ASSERT_TRUE(WriteDataFrame(out, {7, 0, static_cast<uint32_t>(data.size()), true},
+                                   data.data())
+                        .ok());
+      }
+      // Now and then a pause, so the reader sleeps and needs the doorbell.
+      if (seq % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  FrameReader reader(pair.sv[1], FrameKind::kRequest, {});
+  CollectSink sink;
+  reader.SetDataSink(&sink);
+  ASSERT_TRUE(reader.ReadFromRing(pair.consumer.get()).ok());
+  for (uint64_t seq = 1; seq <= kFrames; ++seq) {
+    int fd = -2;
+    auto m = reader.Next(&fd);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_EQ(m->root<wire::Request>().getSeq(), seq);
+    if (seq % 3 == 0) {
+      ASSERT_GE(fd, 0) << seq;
+      struct stat st {};
+      ASSERT_EQ(::fstat(fd, &st), 0);
+      EXPECT_EQ(static_cast<uint64_t>(st.st_size), seq * 4096) << "another frame's descriptor";
+      ::close(fd);
+    } else {
+      EXPECT_EQ(fd, -1) << seq;
+    }
+  }
+  writer.join();
+  EXPECT_TRUE(sink.last);
+  EXPECT_TRUE(sink.got == data);
+}
+
+// What a hostile client can do to its worker's ring: a frame that says it has a descriptor and
+// sent none gets none (and the stream goes on); a write position outside the stream is a
+// broken ring, never a read outside the mapping.
+TEST(ShmRingTest, AClientBreakingItsRequestRingHarmsOnlyItsSession) {
+  RequestPair pair(/*keep_fd=*/true);
+  {
+    capnp::MallocMessageBuilder b;
+    b.initRoot<wire::Request>().setSeq(5);
+    auto bytes = EncodeFrame(FrameKind::kRequest, b);
+    ASSERT_TRUE(bytes.ok());
+    (*bytes)[12] = kFrameFlagDescriptor;  // flagged, yet nothing on the socket
+    ASSERT_TRUE(WriteAll(Outlet(pair.sv[0], pair.producer.get()), *bytes).ok());
+  }
+  FrameReader reader(pair.sv[1], FrameKind::kRequest, {});
+  ASSERT_TRUE(reader.ReadFromRing(pair.consumer.get()).ok());
+  int fd = -2;
+  auto m = reader.Next(&fd);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->root<wire::Request>().getSeq(), 5u);
+  EXPECT_EQ(fd, -1);
+  void* p = ::mmap(nullptr, kRingHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   pair.spare_fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  for (uint64_t bogus : {uint64_t{1} << 40, uint64_t{0}}) {
+    std::memcpy(static_cast<uint8_t*>(p) + 64, &bogus, sizeof(bogus));  // the write position
+    uint8_t out[16];
+    auto n = pair.consumer->Read(out, sizeof(out));
+    EXPECT_EQ(n.status().code(), StatusCode::kDataLoss) << bogus;
+  }
+  ::munmap(p, kRingHeaderBytes);
+}
+
+// The client's writer waiting for room in a full ring stops when its worker goes (the socket
+// says so), instead of waiting for ever.
+TEST(ShmRingTest, AWriterWaitingForRoomStopsWhenTheReaderGoes) {
+  RequestPair pair;
+  std::vector<uint8_t> big(2 * kRingMinBytes, 1);
+  Status s = Status::Ok();
+  std::thread writer([&] {
+    s = WriteBytes(*pair.producer, big.data(), big.size(), Clock::time_point::max());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  pair.consumer.reset();
+  ::close(pair.sv[1]);
+  pair.sv[1] = -1;
+  writer.join();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.message();
+}
+
+TEST(ShmRingTest, TheWorkerRefusesRequestRingsItCannotTrust) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  int fd = ::memfd_create("t", MFD_ALLOW_SEALING);  // not sealed against shrinking
+  ASSERT_EQ(::ftruncate(fd, kRingHeaderBytes + kRingMinBytes), 0);
+  EXPECT_FALSE(ShmRing::OpenConsumer(fd, kRingMinBytes, sv[1]).ok());
+  fd = ::memfd_create("t", MFD_ALLOW_SEALING);
+  ASSERT_EQ(::ftruncate(fd, kRingHeaderBytes + kRingMinBytes), 0);
+  ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  EXPECT_FALSE(ShmRing::OpenConsumer(fd, 2 * kRingMinBytes, sv[1]).ok());  // smaller than said
+  ::close(sv[0]);
+  ::close(sv[1]);
 }
 
 }  // namespace

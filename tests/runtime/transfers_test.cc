@@ -72,6 +72,17 @@ TEST(TransfersTest, RepliesComeThroughSharedMemoryWhereTheSessionMayUseIt) {
     }
   }
   EXPECT_EQ(ring, !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") && !EnvIs("GMUX_REPLY_RING", "0"));
+  // Requests likewise (docs/protocol.md, "Requests through shared memory"): every test of
+  // this file sends its requests, inline data and descriptors through it in those builds.
+  bool request_ring = false;
+  {
+    std::ifstream maps("/proc/self/maps");
+    for (std::string line; std::getline(maps, line);) {
+      if (line.find("memfd:gmux-requests") != std::string::npos) request_ring = true;
+    }
+  }
+  EXPECT_EQ(request_ring, !RuntimeEnv::tcp && !EnvIs("GMUX_SHM", "0") &&
+                              !EnvIs("GMUX_REQUEST_RING", "0"));
   cl_int err;
   constexpr size_t kWords = 16384;  // 64 KiB: reads of it come as a reply each
   auto src = Pattern(kWords, 5);
