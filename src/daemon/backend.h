@@ -22,6 +22,11 @@ struct BackendOptions {
   std::string library;                            // empty: search vendors_dir
   std::string vendors_dir = "/etc/OpenCL/vendors";
   std::string platform = "";                      // substring of the platform name; empty: first
+  // The scheduling policy of the threads the backend starts while a worker opens it (a CPU
+  // device's compute threads, a driver's helpers): SCHED_BATCH by default, so that, woken by
+  // an enqueue, they do not preempt the worker's own threads (docs/policies.md, "The backend's
+  // threads run as batch"); false: the default policy.
+  bool batch_threads = true;
 
   Status Validate() const;
 };

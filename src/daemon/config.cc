@@ -432,11 +432,14 @@ Result<DaemonOptions> ParseDaemonConfig(std::string_view text, const std::string
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* b, doc.Table(root, "backend", false));
   if (b != nullptr) {
-    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*b, {"library", "vendors_dir", "platform"}));
+    GMUX_RETURN_IF_ERROR(doc.OnlyKeys(*b, {"library", "vendors_dir", "platform", "threads"}));
     GMUX_ASSIGN_OR_RETURN(o.backend.library, doc.String(*b, "library", ""));
     GMUX_ASSIGN_OR_RETURN(o.backend.vendors_dir,
                           doc.String(*b, "vendors_dir", "/etc/OpenCL/vendors"));
     GMUX_ASSIGN_OR_RETURN(o.backend.platform, doc.String(*b, "platform", ""));
+    GMUX_ASSIGN_OR_RETURN(std::string threads,
+                          doc.Choice(*b, "threads", "batch", {"batch", "normal"}));
+    o.backend.batch_threads = threads == "batch";
   }
 
   GMUX_ASSIGN_OR_RETURN(const toml::table* s, doc.Table(root, "scheduler", false));

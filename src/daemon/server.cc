@@ -1178,6 +1178,10 @@ Result<Server::Spawned> Server::Spawn(const WorkerKey& key) {
     args.push_back("--platform");
     args.push_back(options_.backend.platform);
   }
+  if (!options_.backend.batch_threads) {
+    args.push_back("--backend-threads");
+    args.push_back("normal");
+  }
   const bool switch_user = root_ && key.uid != 0;
   if (switch_user) {
     // The worker takes the tenant's uid itself, after it made itself non-dumpable: dropping it

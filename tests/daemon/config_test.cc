@@ -277,6 +277,18 @@ TEST(DaemonConfigTest, MissingFileIsNotFound) {
 }
 
 // The example every operator starts from parses, and says what the defaults are.
+TEST(DaemonConfigTest, TheBackendsThreadsAreBatchUnlessSaidNormal) {
+  auto none = ParseDaemonConfig("", "g.toml");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->backend.batch_threads);
+  auto normal = ParseDaemonConfig("[backend]\nthreads = \"normal\"\n", "g.toml");
+  ASSERT_TRUE(normal.ok()) << normal.status().message();
+  EXPECT_FALSE(normal->backend.batch_threads);
+  auto bad = ParseDaemonConfig("[backend]\nthreads = \"realtime\"\n", "g.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("threads"), std::string::npos) << bad.status().message();
+}
+
 TEST(DaemonConfigTest, TheExampleConfigParsesWithTheDefaults) {
   auto o = LoadDaemonConfig(std::string(GMUX_SOURCE_DIR) + "/config/gmuxd.example.toml");
   ASSERT_TRUE(o.ok()) << o.status().message();
@@ -288,6 +300,7 @@ TEST(DaemonConfigTest, TheExampleConfigParsesWithTheDefaults) {
   EXPECT_EQ(o->memory_bytes, none->memory_bytes);
   EXPECT_EQ(o->limits.memory_quota, none->limits.memory_quota);
   EXPECT_EQ(o->express_dispatch, none->express_dispatch);
+  EXPECT_EQ(o->backend.batch_threads, none->backend.batch_threads);
   EXPECT_EQ(o->inflight_per_device, none->inflight_per_device);
   EXPECT_EQ(o->pool.check_period_s, none->pool.check_period_s);
   EXPECT_EQ(o->pool.idle_s, none->pool.idle_s);

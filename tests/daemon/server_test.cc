@@ -4,6 +4,7 @@
 #include "daemon/server.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <arpa/inet.h>
@@ -1175,6 +1176,88 @@ TEST(SendBeforeTest, ASlowReaderDoesNotExtendTheDeadline) {
   fast.join();
   ::close(sv[1]);
   EXPECT_EQ(got, small.size());
+}
+
+// The scheduling policy of each thread of this process's gmux-worker children, by worker, the
+// main thread first.
+std::vector<std::vector<std::pair<pid_t, int>>> WorkerThreadPolicies() {
+  std::vector<std::vector<std::pair<pid_t, int>>> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...
+    const size_t close = line.rfind(')');
+    const size_t open = line.find('(');
+    if (close == std::string::npos || open == std::string::npos) continue;
+    const std::string comm = line.substr(open + 1, close - open - 1);
+    long ppid = 0;
+    char state = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %ld", &state, &ppid) != 2) continue;
+    if (comm != "gmux-worker" || ppid != ::getpid()) continue;
+    std::vector<std::pair<pid_t, int>> threads;
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(e.path() / "task", ec)) {
+      const pid_t tid = static_cast<pid_t>(std::stol(t.path().filename()));
+      threads.emplace_back(tid, ::sched_getscheduler(tid));
+    }
+    // The main thread (its tid is the pid) first.
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    std::partition(threads.begin(), threads.end(), [&](const auto& t) { return t.first == pid; });
+    out.push_back(std::move(threads));
+  }
+  return out;
+}
+
+// The threads the backend starts in a worker (PoCL's compute threads) run as SCHED_BATCH, so
+// that they do not preempt the worker's dispatching thread when its enqueue wakes them; the
+// worker's own threads keep the default policy. `[backend] threads = "normal"` leaves them all
+// at the default.
+TEST(WorkerThreadsTest, TheBackendsThreadsRunAsBatchUnlessConfiguredOtherwise) {
+  for (const bool batch : {true, false}) {
+    SCOPED_TRACE(batch ? "batch" : "normal");
+    char tmpl[] = "/tmp/gmux-daemon-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    const std::string dir = tmpl;
+    DaemonOptions o;
+    o.socket_path = dir + "/gmuxd.sock";
+    o.backend.batch_threads = batch;
+    auto s = Server::Create(o);
+    if (!s.ok() && s.status().code() != StatusCode::kInvalidArgument) {
+      GTEST_SKIP() << "no OpenCL backend: " << s.status().ToString();
+    }
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE((*s)->Start().ok());
+    {
+      RawClient c(o.socket_path);
+      ASSERT_EQ(c.Hello(), 0);
+      ASSERT_EQ(c.CreateContext(1), 0);
+      ASSERT_EQ(c.CreateQueue(2, 1), 0);
+      auto workers = WorkerThreadPolicies();
+      ASSERT_FALSE(workers.empty());
+      for (const auto& threads : workers) {
+        size_t batch_threads = 0;
+        for (const auto& [tid, policy] : threads) {
+          ASSERT_TRUE(policy == SCHED_OTHER || policy == SCHED_BATCH) << policy;
+          if (policy == SCHED_BATCH) ++batch_threads;
+        }
+        // The first thread is the worker's main thread, which reads its client.
+        EXPECT_EQ(threads.empty() ? -1 : ::sched_getscheduler(threads.front().first),
+                  SCHED_OTHER);
+        if (batch) {
+          EXPECT_GE(batch_threads, 1u) << "PoCL starts its compute threads when it opens";
+          EXPECT_LT(batch_threads, threads.size());
+        } else {
+          EXPECT_EQ(batch_threads, 0u);
+        }
+      }
+    }
+    (*s)->Stop();
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // it), answers the client's hello, and then serves the client until the client leaves. It runs
 // only what gmuxd's scheduler releases (daemon/worker_queue.h). Not meant to be run by hand.
 #include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -44,7 +45,7 @@ namespace {
 int Usage() {
   std::fprintf(stderr, "gmux-worker: started by gmuxd, not by hand.\n"
                "usage: gmux-worker --control-fd N [--backend-library PATH] [--vendors-dir DIR] "
-               "[--platform NAME] [--uid U --gid G]\n");
+               "[--platform NAME] [--backend-threads batch|normal] [--uid U --gid G]\n");
   return 2;
 }
 
@@ -89,6 +90,8 @@ int main(int argc, char** argv) {
       backend_options.vendors_dir = v;
     } else if (a == "--platform") {
       backend_options.platform = v;
+    } else if (a == "--backend-threads" && (v == "batch" || v == "normal")) {
+      backend_options.batch_threads = v == "batch";
     } else if (a == "--uid") {
       uid = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--gid") {
@@ -121,7 +124,18 @@ int main(int argc, char** argv) {
   // between exec and the line above is then open only to processes of gmuxd's uid.
   ::signal(SIGPIPE, SIG_IGN);
 
+  // The threads the backend starts now (PoCL's compute threads, a driver's helpers) inherit
+  // SCHED_BATCH from this one: woken by the session thread's enqueue, they wait for it to
+  // reach its next wait instead of preempting it in the middle of its dispatch, which on a
+  // host with fewer CPUs than busy threads turned one launch into a chain of context switches
+  // (docs/policies.md, "The backend's threads run as batch"). This thread goes back to the
+  // default policy after, and so do the threads it starts later. Unprivileged: a thread may
+  // move itself between the two.
+  sched_param no_priority{};
+  const bool batch = backend_options.batch_threads &&
+                     ::sched_setscheduler(0, SCHED_BATCH, &no_priority) == 0;
   auto backend = Backend::Open(backend_options);
+  if (batch) ::sched_setscheduler(0, SCHED_OTHER, &no_priority);
   if (!backend.ok()) {
     spdlog::error("{}", backend.status().ToString());
     return 3;
