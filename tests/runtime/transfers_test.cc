@@ -347,6 +347,74 @@ TEST(TransfersTest, BuffersOnSharedMemoryKeepQueueOrder) {
   EXPECT_LE(StorageMappings().size(), before + 2);
 }
 
+// Several threads at once, each with its own queue, making buffers of many sizes (each of
+// 64 KiB or more on a memfd of its own, smaller ones in arenas: requests with descriptors),
+// writing them, running a kernel on them and reading them back. Through a request ring every
+// descriptor travels beside the ring and must reach the request it came with, whichever thread
+// sent it.
+TEST(TransfersTest, ThreadsSendingDescriptorsAtOnceEachGetTheirOwnData) {
+  ClDevice d;
+  ASSERT_TRUE(OpenDevice(kGmux, d));
+  std::string log;
+  cl_program p = BuildProgram(d, R"(
+    __kernel void add(__global uint* b, uint k) { b[get_global_id(0)] += k; })", &log);
+  ASSERT_NE(p, nullptr) << log;
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 16;
+  std::vector<std::string> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      cl_int err;
+      cl_command_queue q = clCreateCommandQueue(d.context, d.device, 0, &err);
+      cl_kernel k = clCreateKernel(p, "add", &err);
+      if (q == nullptr || k == nullptr) {
+        failures[t] = "queue or kernel";
+        return;
+      }
+      for (int r = 0; r < kRounds && failures[t].empty(); ++r) {
+        // 1 KiB to 3 MiB, a different size in each thread and round.
+        const size_t words = ((r * 7 + t * 13) % 3 == 0)
+                                 ? 256 + static_cast<size_t>(r * 131 + t * 17) % 8192
+                                 : (16384 + static_cast<size_t>(r * 40961 + t * 9973) % 770000);
+        std::vector<uint32_t> data(words);
+        for (size_t i = 0; i < words; ++i) data[i] = static_cast<uint32_t>(i * 31 + t * 7 + r);
+        cl_mem m = clCreateBuffer(d.context, CL_MEM_READ_WRITE, words * 4, nullptr, &err);
+        if (err != CL_SUCCESS) {
+          failures[t] = "create " + std::to_string(err);
+          break;
+        }
+        const cl_uint add = static_cast<cl_uint>(1000 * t + r);
+        std::vector<uint32_t> back(words, 0);
+        const size_t global = words;
+        if (clEnqueueWriteBuffer(q, m, CL_TRUE, 0, words * 4, data.data(), 0, nullptr,
+                                 nullptr) != CL_SUCCESS ||
+            clSetKernelArg(k, 0, sizeof(m), &m) != CL_SUCCESS ||
+            clSetKernelArg(k, 1, sizeof(add), &add) != CL_SUCCESS ||
+            clEnqueueNDRangeKernel(q, k, 1, nullptr, &global, nullptr, 0, nullptr, nullptr) !=
+                CL_SUCCESS ||
+            clEnqueueReadBuffer(q, m, CL_TRUE, 0, words * 4, back.data(), 0, nullptr,
+                                nullptr) != CL_SUCCESS) {
+          failures[t] = "a call failed in round " + std::to_string(r);
+        }
+        for (size_t i = 0; i < words && failures[t].empty(); ++i) {
+          if (back[i] != data[i] + add) {
+            failures[t] = "round " + std::to_string(r) + ": word " + std::to_string(i) +
+                          " of " + std::to_string(words) + " is " + std::to_string(back[i]) +
+                          ", not " + std::to_string(data[i] + add);
+          }
+        }
+        clReleaseMemObject(m);
+      }
+      clReleaseKernel(k);
+      clReleaseCommandQueue(q);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+  clReleaseProgram(p);
+}
+
 // Buffers on shared memory used from two threads. A non-blocking write another thread is still
 // sending while this one calls clFinish must not count as done: once that thread's call
 // returned, a blocking read is ordered after the write and sees its data. And a blocking read
