@@ -4,8 +4,16 @@
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 namespace gmux {
+
+bool KeepPassedDescriptor(int fd) {
+  struct stat st{};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) return true;
+  ::close(fd);
+  return false;
+}
 
 Status CheckSealedMemfd(int fd, uint64_t bytes, const std::string& what,
                         const std::string& size_name) {

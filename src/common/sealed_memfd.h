@@ -16,4 +16,10 @@ namespace gmux {
 Status CheckSealedMemfd(int fd, uint64_t bytes, const std::string& what,
                         const std::string& size_name);
 
+// Whether a descriptor a peer passed may be kept: only a regular file (a memfd is one), the
+// only kind a gmux peer passes. Anything else is closed here and false returned: a socket kept
+// could be the peer's own end of the connection it came on (or hold it in flight), which would
+// then never close, and the session would outlive its client.
+bool KeepPassedDescriptor(int fd);
+
 }  // namespace gmux

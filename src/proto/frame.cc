@@ -1,5 +1,6 @@
 #include "proto/frame.h"
 
+#include "common/sealed_memfd.h"
 #include "proto/shm_ring.h"
 #include "proto/spin_wait.h"
 
@@ -134,7 +135,7 @@ Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, Wait wait, int timeout_m
       for (size_t i = 0; i < count; ++i) {
         int passed;
         std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        on_fd(passed, static_cast<size_t>(r));
+        if (KeepPassedDescriptor(passed)) on_fd(passed, static_cast<size_t>(r));
       }
     }
     return static_cast<size_t>(r);

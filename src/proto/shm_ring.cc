@@ -295,6 +295,7 @@ bool ShmRing::DrainSocket() {
       for (size_t i = 0; i < count; ++i) {
         int fd;
         std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (!KeepPassedDescriptor(fd)) continue;
         if (passed_.size() < kMaxPassedFds) {
           passed_.push_back(fd);
         } else {

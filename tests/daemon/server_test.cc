@@ -936,6 +936,48 @@ TEST_F(ServerTest, RequestsComeThroughTheRingAndABrokenRingEndsOnlyItsSession) {
   EXPECT_EQ(b.CreateQueue(2, 1), 0);
 }
 
+// A client that passes its own end of the connection to its worker (a lone byte with the
+// descriptor, no frame) and exits: the worker keeps no such descriptor (only regular files,
+// which memfds are), so it sees its client go and the session ends, with or without a request
+// ring. Kept, the descriptor held the connection open for ever and the session counted against
+// max_sessions.
+TEST_F(ServerTest, AClientPassingItsOwnSocketStillEndsItsSession) {
+  for (const bool ring : {false, true}) {
+    SCOPED_TRACE(ring ? "request ring" : "socket");
+    RawClient c(socket());
+    ASSERT_EQ(c.Hello(), 0);
+    std::unique_ptr<proto::ShmRing> requests;
+    if (ring) {
+      int memfd = -1;
+      auto r = proto::ShmRing::CreateProducer(proto::kRingMinBytes, c.fd(), &memfd);
+      ASSERT_TRUE(r.ok());
+      requests = std::move(*r);
+      ASSERT_EQ(c.RequestRing(memfd, proto::kRingMinBytes, requests.get()), 0);
+      ::close(memfd);
+    }
+    EXPECT_EQ(c.CreateContext(1), 0);
+    char byte = 2;
+    iovec iov{&byte, 1};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    const int own = c.fd();
+    std::memcpy(CMSG_DATA(cm), &own, sizeof(int));
+    ASSERT_EQ(::sendmsg(c.fd(), &msg, MSG_NOSIGNAL), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker reads it
+    c.Close();
+    EXPECT_TRUE(server_->WaitForNoSessions(std::chrono::seconds(10)))
+        << "the session outlived its client";
+  }
+}
+
 TEST_F(ServerTest, RingsTheWorkerCannotTrustAreRefused) {
   RawClient c(socket());
   ASSERT_EQ(c.Hello(), 0);

@@ -206,7 +206,13 @@ int main(int argc, char** argv) {
   queue.SetReleaseSpin(std::chrono::microseconds(a.spin_us));
   queue.Start();
   Session session(core, **backend, queue, limits);
-  session.Serve().IgnoreError();
+  // A client that leaves ends the stream (kUnavailable); anything else ended the session on
+  // its account (a malformed frame, a broken ring): said in gmuxd's log.
+  if (gmux::Status st = session.Serve();
+      !st.ok() && st.code() != gmux::StatusCode::kUnavailable) {
+    spdlog::warn("session {} of tenant '{}' ended: {}", core->id, core->tenant_name,
+                 st.message());
+  }
   GMUX_STAGE_WRITE();  // before _exit (a stage-trace build only)
   // The client left (or broke the protocol): the process ends, and with it every backend
   // object of the session, whatever is still running. What finished is reported first: a
