@@ -290,35 +290,30 @@ Connection* Connection::Connect() {
     ::close(fd);
     return nullptr;
   }
-  // Requests through shared memory (proto/shm_ring.h): asked for first, answered on the
-  // socket; every later request (the reply ring's too) goes through the ring.
-  // GMUX_REQUEST_RING=0 says no, as does GMUX_SHM=0 (every byte through the socket).
-  if (const char* e = std::getenv("GMUX_REQUEST_RING");
-      request_ring && !tcp && !no_shm && (e == nullptr || std::strcmp(e, "0") != 0)) {
-    switch (conn->OpenRequestRing(fd)) {
-      case RingOutcome::kOpen:
-      case RingOutcome::kRefused:
-        break;
-      case RingOutcome::kLost:
-        SayOnce("gmuxd's worker ended the session while it set up shared memory for requests");
-        delete conn;
-        ::close(fd);
-        return nullptr;
-    }
-  }
-  // Replies through shared memory: asked for before any other request, so nothing but its
-  // answer comes on the socket before the ring. GMUX_REPLY_RING=0 says no, as does GMUX_SHM=0.
-  if (const char* e = std::getenv("GMUX_REPLY_RING");
-      reply_ring && !tcp && !no_shm && (e == nullptr || std::strcmp(e, "0") != 0)) {
-    switch (conn->OpenReplyRing(fd)) {
-      case RingOutcome::kOpen:
-      case RingOutcome::kRefused:
-        break;
-      case RingOutcome::kLost:
-        SayOnce("gmuxd's worker ended the session while it set up shared memory for replies");
-        delete conn;
-        ::close(fd);
-        return nullptr;
+  // Requests, then replies, through shared memory (proto/shm_ring.h), each when the worker
+  // knows it and the environment does not say no (GMUX_REQUEST_RING=0, GMUX_REPLY_RING=0;
+  // GMUX_SHM=0 turns both off: every byte through the socket). The request ring is asked for
+  // first, answered on the socket; every later request (the reply ring's too) goes through it.
+  // The reply ring is asked for before any other request, so nothing but its answer comes on
+  // the socket before the ring.
+  struct RingAsk {
+    bool offered;
+    const char* env;
+    RingOutcome (Connection::*open)(int);
+    const char* what;
+  };
+  for (const RingAsk& ask : {RingAsk{request_ring, "GMUX_REQUEST_RING",
+                                     &Connection::OpenRequestRing, "requests"},
+                             RingAsk{reply_ring, "GMUX_REPLY_RING", &Connection::OpenReplyRing,
+                                     "replies"}}) {
+    const char* e = std::getenv(ask.env);
+    if (!ask.offered || tcp || no_shm || (e != nullptr && std::strcmp(e, "0") == 0)) continue;
+    if ((conn->*ask.open)(fd) == RingOutcome::kLost) {
+      SayOnce(std::string("gmuxd's worker ended the session while it set up shared memory "
+                          "for ") + ask.what);
+      delete conn;
+      ::close(fd);
+      return nullptr;
     }
   }
   timeval none{0, 0};

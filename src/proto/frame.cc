@@ -354,6 +354,18 @@ std::vector<iovec> FrameIov(Encoded& e) {
   return iov;
 }
 
+// Attaches `fd` (SCM_RIGHTS) to `msg`, in `control` (CMSG_SPACE(sizeof(int)) bytes).
+void AttachDescriptor(msghdr& msg, char* control, int fd) {
+  std::memset(control, 0, CMSG_SPACE(sizeof(int)));
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+}
+
 // Sends one byte with `fd` attached (SCM_RIGHTS) on the socket `socket`: a descriptor for a frame
 // that goes through a ring.
 Status SendDescriptor(int socket, int fd) {
@@ -363,14 +375,7 @@ Status SendDescriptor(int socket, int fd) {
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  std::memset(control, 0, sizeof(control));
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  AttachDescriptor(msg, control, fd);
   for (;;) {
     if (::sendmsg(socket, &msg, MSG_NOSIGNAL) == 1) return Status::Ok();
     if (errno != EINTR) return Unavailable("send: " + ErrnoText(errno));
@@ -399,14 +404,7 @@ Status SendIov(Outlet out, std::vector<iovec>& iov, size_t& first, int pass_fd, 
     msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     if (pass_fd >= 0 && first == 0 && iov[0].iov_len == kHeaderBytes) {
-      std::memset(control, 0, sizeof(control));
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+      AttachDescriptor(msg, control, pass_fd);
     }
     ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (dont_wait ? MSG_DONTWAIT : 0));
     if (w < 0) {

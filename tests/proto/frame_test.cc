@@ -1,5 +1,6 @@
 #include "proto/frame.h"
 
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -224,27 +226,52 @@ TEST_F(SocketPairTest, WriteToClosedPeerIsUnavailableNotSigpipe) {
   EXPECT_EQ(WriteFrame(fds_[0], FrameKind::kReply, b).code(), StatusCode::kUnavailable);
 }
 
+// A memfd holding one byte, `mark`: which descriptor a reader received.
+int MarkedMemfd(char mark) {
+  int fd = ::memfd_create("marked", MFD_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::pwrite(fd, &mark, 1, 0), 1);
+  return fd;
+}
+char MarkOf(int fd) {
+  char c = 0;
+  return ::pread(fd, &c, 1, 0) == 1 ? c : 0;
+}
+size_t OpenDescriptors() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
 TEST_F(SocketPairTest, PassesADescriptorWithAFrame) {
-  int pipefd[2];
-  ASSERT_EQ(::pipe(pipefd), 0);
   capnp::MallocMessageBuilder b;
   b.initRoot<wire::Request>().setSeq(3);
-  ASSERT_TRUE(WriteFrame(fds_[0], FrameKind::kRequest, b, {}, pipefd[1]).ok());
-  ::close(pipefd[1]);
+  int memfd = MarkedMemfd('x');
+  ASSERT_TRUE(WriteFrame(fds_[0], FrameKind::kRequest, b, {}, memfd).ok());
+  ::close(memfd);
   int got = -1;
   auto m = ReadFrame(fds_[1], FrameKind::kRequest, {}, nullptr, &got);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   ASSERT_GE(got, 0);
-  ASSERT_EQ(::write(got, "x", 1), 1);  // the received descriptor is the pipe's write end
-  char c = 0;
-  ASSERT_EQ(::read(pipefd[0], &c, 1), 1);
-  EXPECT_EQ(c, 'x');
+  EXPECT_EQ(MarkOf(got), 'x');
   ::close(got);
-  // A descriptor nobody asked for is closed, not leaked: the pipe then reads EOF.
+  // A descriptor nobody asked for is closed, not leaked.
+  const size_t before = OpenDescriptors();
+  memfd = MarkedMemfd('y');
+  ASSERT_TRUE(WriteFrame(fds_[0], FrameKind::kRequest, b, {}, memfd).ok());
+  ::close(memfd);
+  ASSERT_TRUE(ReadFrame(fds_[1], FrameKind::kRequest).ok());
+  EXPECT_EQ(OpenDescriptors(), before);
+  // Only regular files (memfds) are kept: anything else is closed as it arrives (a socket
+  // kept could be the peer's own end of the connection). A pipe's read end then reads EOF.
+  int pipefd[2];
   ASSERT_EQ(::pipe(pipefd), 0);
   ASSERT_TRUE(WriteFrame(fds_[0], FrameKind::kRequest, b, {}, pipefd[1]).ok());
   ::close(pipefd[1]);
-  ASSERT_TRUE(ReadFrame(fds_[1], FrameKind::kRequest).ok());
+  got = -2;
+  ASSERT_TRUE(ReadFrame(fds_[1], FrameKind::kRequest, {}, nullptr, &got).ok());
+  EXPECT_EQ(got, -1);
+  char c = 0;
   EXPECT_EQ(::read(pipefd[0], &c, 1), 0);
   ::close(pipefd[0]);
 }
@@ -283,31 +310,30 @@ void SendWithFd(int fd, const std::vector<uint8_t>& bytes, int pass) {
   ASSERT_EQ(::sendmsg(fd, &msg, 0), static_cast<ssize_t>(bytes.size()));
 }
 
-// Which pipe a received descriptor is the write end of: writes its number, read back by seq.
+// Which memfd a received descriptor is: its mark, checked by seq.
 TEST_F(SocketPairTest, ReaderTakesBatchesAndGivesEachDescriptorToItsFrame) {
-  // Frames 1..3 in one send (no descriptor), frame 4 with pipe A in its own send, frames 5 and
-  // 6 in one send, frame 7 with pipe B, frame 8 alone: all sent before the first read, so
+  // Frames 1..3 in one send (no descriptor), frame 4 with memfd A in its own send, frames 5
+  // and 6 in one send, frame 7 with memfd B, frame 8 alone: all sent before the first read, so
   // reads join them as the kernel allows. Descriptors must land on frames 4 and 7 only.
-  int a[2], bp[2];
-  ASSERT_EQ(::pipe(a), 0);
-  ASSERT_EQ(::pipe(bp), 0);
+  const int a = MarkedMemfd('A');
+  const int bp = MarkedMemfd('B');
   std::vector<uint8_t> batch;
   for (uint64_t s = 1; s <= 3; ++s) {
     auto f = SeqFrame(s, s * 40);
     batch.insert(batch.end(), f.begin(), f.end());
   }
   SendWithFd(fds_[0], batch, -1);
-  SendWithFd(fds_[0], SeqFrame(4, 16), a[1]);
+  SendWithFd(fds_[0], SeqFrame(4, 16), a);
   batch.clear();
   for (uint64_t s = 5; s <= 6; ++s) {
     auto f = SeqFrame(s);
     batch.insert(batch.end(), f.begin(), f.end());
   }
   SendWithFd(fds_[0], batch, -1);
-  SendWithFd(fds_[0], SeqFrame(7), bp[1]);
+  SendWithFd(fds_[0], SeqFrame(7), bp);
   SendWithFd(fds_[0], SeqFrame(8, 100), -1);
-  ::close(a[1]);
-  ::close(bp[1]);
+  ::close(a);
+  ::close(bp);
   ::close(fds_[0]);
   fds_[0] = -1;
 
@@ -320,18 +346,14 @@ TEST_F(SocketPairTest, ReaderTakesBatchesAndGivesEachDescriptorToItsFrame) {
     EXPECT_EQ(m->root<wire::Request>().getSeq(), want);
     if (want == 4 || want == 7) {
       ASSERT_GE(got, 0) << "frame " << want << " lost its descriptor";
-      ASSERT_EQ(::write(got, "x", 1), 1);
+      EXPECT_EQ(MarkOf(got), want == 4 ? 'A' : 'B') << "frame " << want;
       ::close(got);
-      char c = 0;
-      EXPECT_EQ(::read(want == 4 ? a[0] : bp[0], &c, 1), 1) << "frame " << want;
     } else {
       EXPECT_EQ(got, -1) << "frame " << want << " got a descriptor that was not its own";
     }
   }
   EXPECT_EQ(waits, 0);  // everything had arrived: nothing waited
   EXPECT_EQ(reader.Next(nullptr).status().code(), StatusCode::kUnavailable);
-  ::close(a[0]);
-  ::close(bp[0]);
 }
 
 TEST_F(SocketPairTest, ReaderReadsFramesLargerThanItsBufferAndWaitsForTheRest) {
@@ -474,24 +496,19 @@ TEST_F(SocketPairTest, ReaderSpinsForTheRequestAfterAnAnswerOnlyWhileRequestsCom
   EXPECT_EQ(spin.spins(), 0u);
   // After an answer, the request that comes while the reader spins is read by the spin, with the
   // descriptor sent along with it.
-  int pipefd[2];
-  ASSERT_EQ(::pipe(pipefd), 0);
+  const int memfd = MarkedMemfd('y');
   reader.ExpectQuiet();
-  std::thread soon([&] { SendWithFd(fds_[0], SeqFrame(2, 24), pipefd[1]); });
+  std::thread soon([&] { SendWithFd(fds_[0], SeqFrame(2, 24), memfd); });
   int fd = -1;
   auto two = reader.Next(&fd);
   soon.join();
-  ::close(pipefd[1]);
+  ::close(memfd);
   ASSERT_TRUE(two.ok()) << two.status().ToString();
   EXPECT_EQ(two->root<wire::Request>().getSeq(), 2u);
   EXPECT_EQ(spin.spins(), 1u);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::write(fd, "y", 1), 1);
-  char c = 0;
-  ASSERT_EQ(::read(pipefd[0], &c, 1), 1);
-  EXPECT_EQ(c, 'y');
+  EXPECT_EQ(MarkOf(fd), 'y');
   ::close(fd);
-  ::close(pipefd[0]);
   // Requests that come later than the budget after their answers stop the spinning: after
   // kSlowToStop of them the waits sleep at once. (Each is sent 30 ms after the reader begins to
   // wait, three times the largest budget; a run so loaded that the reader began later than the
