@@ -1,7 +1,10 @@
 // The checks before a process maps memory an untrusted peer passed it as a file descriptor.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "common/status.h"
@@ -21,5 +24,20 @@ Status CheckSealedMemfd(int fd, uint64_t bytes, const std::string& what,
 // could be the peer's own end of the connection it came on (or hold it in flight), which would
 // then never close, and the session would outlive its client.
 bool KeepPassedDescriptor(int fd);
+
+// Calls `keep(fd)` for each descriptor a received message `msg` brought (SCM_RIGHTS) that
+// KeepPassedDescriptor keeps; the others are closed.
+template <typename Keep>
+void ForEachKeptDescriptor(msghdr& msg, const Keep& keep) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (KeepPassedDescriptor(fd)) keep(fd);
+    }
+  }
+}
 
 }  // namespace gmux

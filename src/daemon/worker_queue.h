@@ -61,7 +61,8 @@ class WorkerQueue : public CommandSink {
   // itself, spinning for up to the budget (proto/spin_wait.h) until the control channel or
   // the client (`client_fd`, or `client_ring` where its requests come) has something. The
   // loop thread, asleep in poll(), would otherwise be woken for it, which on an idle CPU of a
-  // virtual machine costs tens of microseconds of the command's latency (docs/policies.md, "The session thread reads its release").
+  // virtual machine costs tens of microseconds of the command's latency (docs/policies.md,
+  // "The session thread reads its release").
   void AwaitRelease(int client_fd, proto::ShmRing* client_ring) override;
   // Memory the session releases stays charged to it up to this much per device, for this long
   // after the last release (docs/policies.md, "Released memory stays charged for a moment").

@@ -129,15 +129,7 @@ Result<size_t> RecvSome(int fd, uint8_t* buf, size_t n, Wait wait, int timeout_m
       if (errno == ECONNRESET) return size_t{0};
       return Unavailable("recvmsg: " + ErrnoText(errno));
     }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int passed;
-        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (KeepPassedDescriptor(passed)) on_fd(passed, static_cast<size_t>(r));
-      }
-    }
+    ForEachKeptDescriptor(msg, [&](int passed) { on_fd(passed, static_cast<size_t>(r)); });
     return static_cast<size_t>(r);
   }
 }
@@ -366,22 +358,6 @@ void AttachDescriptor(msghdr& msg, char* control, int fd) {
   std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
 }
 
-// Sends one byte with `fd` attached (SCM_RIGHTS) on the socket `socket`: a descriptor for a frame
-// that goes through a ring.
-Status SendDescriptor(int socket, int fd) {
-  char byte = 2;
-  iovec iov{&byte, 1};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  AttachDescriptor(msg, control, fd);
-  for (;;) {
-    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) == 1) return Status::Ok();
-    if (errno != EINTR) return Unavailable("send: " + ErrnoText(errno));
-  }
-}
-
 // Sends iov[first...] (advancing `first` and the partly sent entry); with `dont_wait`, returns
 // Ok with `first` < iov.size() when the socket is full.
 Status SendIov(Outlet out, std::vector<iovec>& iov, size_t& first, int pass_fd, bool dont_wait) {
@@ -426,6 +402,20 @@ Status SendIov(Outlet out, std::vector<iovec>& iov, size_t& first, int pass_fd, 
 }
 
 }  // namespace
+
+Status SendDescriptor(int socket, int fd) {
+  char byte = 2;
+  iovec iov{&byte, 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  AttachDescriptor(msg, control, fd);
+  for (;;) {
+    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) == 1) return Status::Ok();
+    if (errno != EINTR) return Unavailable("send: " + ErrnoText(errno));
+  }
+}
 
 Status WriteFrame(Outlet out, FrameKind kind, capnp::MessageBuilder& message,
                   const FrameLimits& limits, int pass_fd) {
@@ -613,6 +603,14 @@ Status FrameReader::ReadFromRing(ShmRing* ring) {
   return Status::Ok();
 }
 
+int FrameReader::FrameFd(uint32_t flags, uint64_t at, uint64_t bytes) {
+  if (ring_ != nullptr) {
+    // Its descriptor came on the socket before the frame went into the ring.
+    return (flags & kFrameFlagDescriptor) != 0 ? ring_->TakePassedFd() : -1;
+  }
+  return passed_.empty() ? -1 : TakeFd(at, bytes);
+}
+
 bool FrameReader::HasFrame() const {
   if (buffered() < kHeaderBytes) return false;
   Result<FrameHeader> h = DecodeHeader({buf_.data() + begin_, kHeaderBytes}, limits_);
@@ -703,13 +701,9 @@ Status FrameReader::TakeData(uint32_t payload_bytes, bool& told,
   if (ok) ok = Take(pad, padded - f.bytes, error, told, before_wait);
   if (!ok) return error.ok() ? DataLoss("connection closed inside a frame payload") : error;
   // Descriptors never go with data.
-  int passed = -1;
-  if (ring_ != nullptr) {
-    if ((LoadU32(head + 12) & kFrameFlagDescriptor) != 0) passed = ring_->TakePassedFd();
-  } else if (!passed_.empty()) {
-    passed = TakeFd(at, kHeaderBytes + payload_bytes);
+  if (int passed = FrameFd(LoadU32(head + 12), at, kHeaderBytes + payload_bytes); passed >= 0) {
+    ::close(passed);
   }
-  if (passed >= 0) ::close(passed);
   return Status::Ok();
 }
 
@@ -804,13 +798,7 @@ Result<std::optional<Message>> FrameReader::NextOrData(int* fd_out,
     offset_ += body;
     if (body < rest) return DataLoss("connection closed inside a frame payload");
   }
-  int passed = -1;
-  if (ring_ != nullptr) {
-    // Its descriptor came on the socket before the frame went into the ring.
-    if ((h.flags & kFrameFlagDescriptor) != 0) passed = ring_->TakePassedFd();
-  } else if (!passed_.empty()) {
-    passed = TakeFd(at, frame);
-  }
+  const int passed = FrameFd(h.flags, at, frame);
   if (fd_out != nullptr) {
     *fd_out = passed;
   } else if (passed >= 0) {

@@ -155,6 +155,9 @@ Status WriteFrame(Outlet out, FrameKind kind, capnp::MessageBuilder& message,
 // reader and sends the rest later, in order.
 Result<std::vector<uint8_t>> WriteFrameNow(Outlet out, FrameKind kind, capnp::MessageBuilder& message,
                                            const FrameLimits& limits = {});
+// Sends one byte with `fd` attached (SCM_RIGHTS) on the socket `socket`: how a descriptor for
+// a frame that travels a ring goes (proto/shm_ring.h); WriteFrame sends it so.
+Status SendDescriptor(int socket, int fd);
 // Sends `bytes` whole (blocking; MSG_NOSIGNAL).
 Status WriteAll(Outlet out, std::span<const uint8_t> bytes);
 // Sends a data frame of `f.bytes` bytes from `data` (blocking; MSG_NOSIGNAL, no copy of the
@@ -236,6 +239,9 @@ class FrameReader {
   size_t buffered() const { return end_ - begin_; }
   // The descriptor for the frame at stream offset `at` spanning `bytes`, or -1; stale ones closed.
   int TakeFd(uint64_t at, uint64_t bytes);
+  // The descriptor of the frame at stream offset `at` spanning `bytes`, whose header has
+  // `flags`: from the ring's socket (flagged frames) or TakeFd; -1 when it has none.
+  int FrameFd(uint32_t flags, uint64_t at, uint64_t bytes);
   // Moves the next `n` bytes of the stream (the buffered ones first) to `to`, or drops them
   // when `to` is null; false with `error` (or at the end of the stream) when they did not come.
   bool Take(uint8_t* to, size_t n, Status& error, bool& told,

@@ -289,20 +289,13 @@ bool ShmRing::DrainSocket() {
     if (k < 0 && errno == EINTR) continue;
     if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) return false;
     if (k < 0) return true;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (!KeepPassedDescriptor(fd)) continue;
-        if (passed_.size() < kMaxPassedFds) {
-          passed_.push_back(fd);
-        } else {
-          ::close(fd);
-        }
+    ForEachKeptDescriptor(msg, [&](int fd) {
+      if (passed_.size() < kMaxPassedFds) {
+        passed_.push_back(fd);
+      } else {
+        ::close(fd);
       }
-    }
+    });
     return true;
   }
 }

@@ -956,21 +956,7 @@ TEST_F(ServerTest, AClientPassingItsOwnSocketStillEndsItsSession) {
       ::close(memfd);
     }
     EXPECT_EQ(c.CreateContext(1), 0);
-    char byte = 2;
-    iovec iov{&byte, 1};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    const int own = c.fd();
-    std::memcpy(CMSG_DATA(cm), &own, sizeof(int));
-    ASSERT_EQ(::sendmsg(c.fd(), &msg, MSG_NOSIGNAL), 1);
+    ASSERT_TRUE(proto::SendDescriptor(c.fd(), c.fd()).ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker reads it
     c.Close();
     EXPECT_TRUE(server_->WaitForNoSessions(std::chrono::seconds(10)))
