@@ -1403,7 +1403,11 @@ void Server::OnWorkerGone(uint64_t session, pid_t pid, Scheduler::GoneReason why
     sessions_.erase(it);
   }
   sessions_cv_.notify_all();
-  static constexpr const char* kWhy[] = {"the client closed it", "a protocol violation",
+  // kClosed: the worker closed its control channel, when its client left or when the client
+  // broke the protocol (a malformed frame, a broken ring): the worker's own warning says which.
+  static constexpr const char* kWhy[] = {"its worker ended it (the client left, or the worker's "
+                                         "warning above says why)",
+                                         "a protocol violation",
                                          "the watchdog", "gmuxd stopping"};
   spdlog::info("session {} of tenant '{}' ended: {}", session, s.tenant_name,
                kWhy[std::min<size_t>(static_cast<size_t>(why), 3)]);
