@@ -163,6 +163,8 @@ class CommandSink {
   // a sink that waits for someone's go-ahead may wait for it here, awake, for a short while
   // (none by default).
   virtual void AwaitRelease(int /*client_fd*/, proto::ShmRing* /*client_ring*/) {}
+  // Commands run (or wait) on a device, whose threads may need a CPU. Any thread.
+  virtual bool DeviceRunning() const { return false; }
   // Commands submitted and not yet completed.
   virtual uint64_t Outstanding() const = 0;
   // Blocks until `room()` holds, checked again as commands finish (and every few ms, for what

@@ -53,6 +53,8 @@ class Executor {
 
   // Nothing in flight and no completion callback outstanding: safe to destroy.
   bool Idle() const { return inflight_.empty() && callbacks_.load() == 0; }
+  // A completion callback is outstanding: commands run (or wait) on the device. Any thread.
+  bool Running() const { return callbacks_.load(std::memory_order_relaxed) != 0; }
 
   // Shuts the door on the backend's completion callbacks: one that fires later (its owner gave
   // up waiting for the executor to be idle, WorkerQueue::Stop) is dropped instead of reaching

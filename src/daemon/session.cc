@@ -1017,7 +1017,9 @@ Status Session::Serve() {
   // the answer: staying awake for it saves the wake-up (docs/policies.md, "A worker that waits
   // awake").
   proto::SpinWait spin = proto::SpinWait::ForThisThread(std::chrono::microseconds(core_->spin_us));
-  reader.SpinAfterAnswers(&spin);
+  // While its commands run, the backend's threads may need this thread's CPU: it then yields
+  // at every look (proto/spin_wait.h).
+  reader.SpinAfterAnswers(&spin, [this] { return sink_.DeviceRunning(); });
   for (;;) {
     if (passed_fd_ >= 0) ::close(passed_fd_);  // a descriptor no request took
     passed_fd_ = -1;

@@ -321,13 +321,24 @@ void WorkerQueue::SetReleaseSpin(std::chrono::microseconds budget) {
   release_spin_ = std::make_unique<proto::SpinWait>(proto::SpinWait::ForThisThread(budget));
 }
 
+bool WorkerQueue::DeviceRunning() const {
+  for (const auto& e : executors_) {
+    if (e->Running()) return true;
+  }
+  return false;
+}
+
 void WorkerQueue::AwaitRelease(int client_fd, proto::ShmRing* client_ring) {
   if (!release_spin_ || !release_awaited_.load() || broker_gone_.load()) return;
   pollfd fds[2] = {{ctl_fd_, POLLIN, 0}, {client_fd, POLLIN, 0}};
-  const bool any = release_spin_->WaitFor([&] {
-    if (client_ring != nullptr && client_ring->Readable()) return true;
-    return ::poll(fds, 2, 0) > 0;
-  });
+  // gmuxd's broker, woken by what was just sent, makes the release: the spin yields at every
+  // look, in case the broker's thread waits for this CPU (proto/spin_wait.h).
+  const bool any = release_spin_->WaitFor(
+      [&] {
+        if (client_ring != nullptr && client_ring->Readable()) return true;
+        return ::poll(fds, 2, 0) > 0;
+      },
+      [] { return true; });
   if (!any) {
     // Not within the budget: the loop thread reads it. Counted as a slow wait, so releases
     // that keep coming late (a busy device, another tenant's turn) stop the spinning.

@@ -64,6 +64,9 @@ class WorkerQueue : public CommandSink {
   // virtual machine costs tens of microseconds of the command's latency (docs/policies.md,
   // "The session thread reads its release").
   void AwaitRelease(int client_fd, proto::ShmRing* client_ring) override;
+  // Commands of the session run (or wait) on a device: the backend's threads may need a CPU
+  // (the session thread's spin then yields at every look, proto/spin_wait.h). Any thread.
+  bool DeviceRunning() const override;
   // Memory the session releases stays charged to it up to this much per device, for this long
   // after the last release (docs/policies.md, "Released memory stays charged for a moment").
   static constexpr uint64_t kKeptChargeMax = uint64_t{64} << 20;

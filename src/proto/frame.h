@@ -219,7 +219,12 @@ class FrameReader {
   // After ExpectQuiet, the next wait first spins by `spin`'s policy (proto/spin_wait.h): the
   // peer that waited for an answer often sends again within microseconds, and a thread that is
   // awake takes the request without being woken. Not owned; it outlives the reader's use.
-  void SpinAfterAnswers(SpinWait* spin) { spin_ = spin; }
+  // `others_need_cpu` (optional), asked at each look: whether threads this one woke may be
+  // waiting for a CPU (the spin then yields at every look instead of pausing).
+  void SpinAfterAnswers(SpinWait* spin, std::function<bool()> others_need_cpu = {}) {
+    spin_ = spin;
+    others_need_cpu_ = std::move(others_need_cpu);
+  }
   // From here on the frames come through `ring` (not owned; it outlives the reader's use) and
   // the socket only rings its doorbell and brings the descriptors of frames flagged
   // kFrameFlagDescriptor (proto/shm_ring.h). kDataLoss (and nothing changes) when bytes of the
@@ -261,6 +266,7 @@ class FrameReader {
   ShmRing* ring_ = nullptr;
   bool expect_quiet_ = false;
   SpinWait* spin_ = nullptr;
+  std::function<bool()> others_need_cpu_;
   bool spin_next_wait_ = false;  // set by ExpectQuiet, taken by the next wait (with a spin_)
 };
 

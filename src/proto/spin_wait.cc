@@ -8,20 +8,29 @@
 
 namespace gmux::proto {
 
-SpinWait::SpinWait(std::chrono::microseconds budget, int cpus)
+SpinWait::SpinWait(std::chrono::microseconds budget, int cpus,
+                   std::chrono::microseconds yield_every)
     : budget_(cpus < 2 ? std::chrono::microseconds(0)
-                       : std::clamp(budget, std::chrono::microseconds(0), kMaxBudget)) {}
+                       : std::clamp(budget, std::chrono::microseconds(0), kMaxBudget)),
+      yield_every_(std::clamp(yield_every, std::chrono::microseconds(0), budget_)) {}
+
+namespace {
+
+// Microseconds from the environment, at most SpinWait::kMaxBudget; `fallback` when the variable
+// is unset or malformed.
+std::chrono::microseconds MicrosFromEnv(const char* name, std::chrono::microseconds fallback) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return fallback;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  if (end == s || *end != '\0' || v < 0) return fallback;
+  return std::chrono::microseconds(std::min<long>(v, SpinWait::kMaxBudget.count()));
+}
+
+}  // namespace
 
 SpinWait SpinWait::FromEnvironment() {
-  std::chrono::microseconds budget = kDefaultBudget;
-  if (const char* s = std::getenv("GMUX_SPIN_US"); s != nullptr && *s != '\0') {
-    char* end = nullptr;
-    long v = std::strtol(s, &end, 10);
-    if (end != s && *end == '\0' && v >= 0) {
-      budget = std::chrono::microseconds(std::min<long>(v, kMaxBudget.count()));
-    }
-  }
-  return ForThisThread(budget);
+  return ForThisThread(MicrosFromEnv("GMUX_SPIN_US", kDefaultBudget));
 }
 
 SpinWait SpinWait::ForThisThread(std::chrono::microseconds budget) {
@@ -29,7 +38,7 @@ SpinWait SpinWait::ForThisThread(std::chrono::microseconds budget) {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (::sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
-  return SpinWait(budget, cpus);
+  return SpinWait(budget, cpus, MicrosFromEnv("GMUX_SPIN_YIELD_US", kDefaultYieldEvery));
 }
 
 bool SpinWait::Begin() {
@@ -41,6 +50,14 @@ bool SpinWait::Begin() {
 }
 
 void SpinWait::Yield() { ::sched_yield(); }
+
+void SpinWait::Relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
 
 bool SpinWait::Wait(int fd) {
   return WaitFor([fd] {
@@ -56,6 +73,13 @@ void SpinWait::Arrived() {
 }
 
 void SpinWait::Record(std::chrono::nanoseconds waited) {
+  if (yield_often_ > 0) {
+    if (--yield_often_ == 0) long_ = 0;  // the next wait tries the pause again
+  } else if (yield_every_.count() > 0 && waited > yield_every_) {
+    if (++long_ >= kLongToYield) yield_often_ = kYieldOftenWaits;
+  } else {
+    long_ = 0;
+  }
   if (waited <= budget_) {
     slow_ = 0;
   } else if (slow_ < kSlowToStop) {

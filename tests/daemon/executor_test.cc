@@ -56,6 +56,7 @@ TEST(ExecutorTest, ACallbackFiringAfterTheExecutorClosedIsDropped) {
   jobs[0].cmd = cmd;
   ex->Run(jobs);
   EXPECT_FALSE(ex->Idle());
+  EXPECT_TRUE(ex->Running());  // the device has work: a spinning session thread yields
   // The owner gives up on it (WorkerQueue::Stop's timeout) and goes.
   ex->Close();
   ex.reset();
@@ -92,6 +93,7 @@ TEST(ExecutorTest, ACallbackFiringAfterTheExecutorClosedIsDropped) {
   EXPECT_EQ(delivered.load(), 1);
   EXPECT_TRUE(cmd2->event->done());
   EXPECT_TRUE(ex2->Idle());
+  EXPECT_FALSE(ex2->Running());
   cl.clReleaseEvent(gate2);
 }
 

@@ -99,6 +99,60 @@ TEST(SpinWaitTest, SlowRepliesStopTheSpinAndAQuickOneBringsItBack) {
   EXPECT_EQ(spin.spins(), 1u);
 }
 
+TEST(SpinWaitTest, PausesBetweenYieldsUntilWaitsRunLongThenYieldsAtEveryLookForAWhile) {
+  SpinWait spin(microseconds(100), 2);
+  EXPECT_EQ(spin.yield_every(), SpinWait::kDefaultYieldEvery);
+  const microseconds quick(5), long_wait(50);
+  spin.Record(long_wait);  // one long wait among quick ones changes nothing
+  spin.Record(quick);
+  spin.Record(long_wait);
+  EXPECT_EQ(spin.yield_every(), SpinWait::kDefaultYieldEvery);
+  spin.Record(long_wait);  // two in a row: the spin may hold a CPU that someone needs
+  EXPECT_EQ(spin.yield_every(), microseconds(0));
+  EXPECT_TRUE(spin.WillSpin());  // still spinning: the waits are within the budget
+  for (uint32_t i = 0; i + 1 < SpinWait::kYieldOftenWaits; ++i) spin.Record(quick);
+  EXPECT_EQ(spin.yield_every(), microseconds(0));
+  spin.Record(quick);  // then the pause is tried again
+  EXPECT_EQ(spin.yield_every(), SpinWait::kDefaultYieldEvery);
+  // A budget shorter than the pause bounds it; no budget, no pause.
+  EXPECT_EQ(SpinWait(microseconds(8), 2).yield_every(), microseconds(8));
+  EXPECT_EQ(SpinWait(microseconds(0), 2).yield_every(), microseconds(0));
+  // Yielding at every look: long waits never switch anything.
+  SpinWait every(microseconds(100), 2, microseconds(0));
+  every.Record(long_wait);
+  every.Record(long_wait);
+  EXPECT_EQ(every.yield_every(), microseconds(0));
+}
+
+TEST(SpinWaitTest, AsksWhetherOthersNeedTheCpuAtEachLookAndStillSeesTheReply) {
+  SocketPair s;
+  int asked = 0;
+  auto others = [&asked] {
+    ++asked;
+    return asked % 2 == 0;
+  };
+  // The "reply" comes once the spin asked three times: a spin that did not ask never sees it.
+  // (A wait whose budget ran out before, on a thread kept off the CPU that long, tries again.)
+  bool seen = false;
+  for (int i = 0; i < 100 && !seen; ++i) {
+    SpinWait spin(SpinWait::kMaxBudget, 2);
+    asked = 0;
+    seen = spin.WaitFor([&asked] { return asked >= 3; }, others);
+  }
+  EXPECT_TRUE(seen);
+  // And a real reply on a socket, with a spin that is told someone needs the CPU.
+  SpinWait spin(SpinWait::kMaxBudget, 2);
+  ASSERT_EQ(::write(s.fds[1], "x", 1), 1);
+  EXPECT_TRUE(spin.WaitFor(
+      [&s] {
+        pollfd p{s.fds[0], POLLIN, 0};
+        return ::poll(&p, 1, 0) != 0;
+      },
+      [] { return true; }));
+  spin.Arrived();
+  EXPECT_EQ(spin.spins(), 1u);
+}
+
 TEST(SpinWaitTest, BudgetFromTheEnvironment) {
   ::setenv("GMUX_SPIN_US", "0", 1);
   EXPECT_EQ(SpinWait::FromEnvironment().budget(), microseconds(0));
@@ -109,6 +163,16 @@ TEST(SpinWaitTest, BudgetFromTheEnvironment) {
   const auto d = SpinWait::FromEnvironment().budget();
   EXPECT_TRUE(d == SpinWait::kDefaultBudget || d == microseconds(0));
   ::unsetenv("GMUX_SPIN_US");
+
+  ::setenv("GMUX_SPIN_YIELD_US", "0", 1);
+  EXPECT_EQ(SpinWait::FromEnvironment().yield_every(), microseconds(0));
+  ::setenv("GMUX_SPIN_YIELD_US", "7", 1);
+  const auto y = SpinWait::ForThisThread(microseconds(100)).yield_every();
+  EXPECT_TRUE(y == microseconds(7) || y == microseconds(0));  // 0 on a one-CPU machine
+  ::setenv("GMUX_SPIN_YIELD_US", "-3", 1);
+  const auto z = SpinWait::FromEnvironment().yield_every();
+  EXPECT_TRUE(z == SpinWait::kDefaultYieldEvery || z == microseconds(0));
+  ::unsetenv("GMUX_SPIN_YIELD_US");
 }
 
 }  // namespace
