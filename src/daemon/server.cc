@@ -1405,8 +1405,8 @@ void Server::OnWorkerGone(uint64_t session, pid_t pid, Scheduler::GoneReason why
   sessions_cv_.notify_all();
   // kClosed: the worker closed its control channel, when its client left or when the client
   // broke the protocol (a malformed frame, a broken ring): the worker's own warning says which.
-  static constexpr const char* kWhy[] = {"its worker ended it (the client left, or the worker's "
-                                         "warning above says why)",
+  static constexpr const char* kWhy[] = {("its worker ended it (the client left, or the worker's "
+                                          "warning above says why)"),
                                          "a protocol violation",
                                          "the watchdog", "gmuxd stopping"};
   spdlog::info("session {} of tenant '{}' ended: {}", session, s.tenant_name,
