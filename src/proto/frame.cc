@@ -571,13 +571,12 @@ bool FrameReader::Fill(bool wait, Status& error, bool& eof) {
     // The wait after an answer: reads without waiting while the spin's policy allows, each
     // turn a recvmsg (no poll() before it: one system call per look), then sleeps; the time
     // until the request came, spun or slept, is the policy's to judge.
-    auto ready = [&] {
-      r = recv(Wait::kNo);
-      return !r.ok() || *r != kNothingYet;
-    };
-    const bool seen = others_need_cpu_ ? spin_->WaitFor(ready, others_need_cpu_)
-                                       : spin_->WaitFor(ready);
-    if (!seen) {
+    if (!spin_->WaitFor(
+            [&] {
+              r = recv(Wait::kNo);
+              return !r.ok() || *r != kNothingYet;
+            },
+            others_need_cpu_)) {
       r = recv(Wait::kPollFirst);
     }
     spin_->Arrived();

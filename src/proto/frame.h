@@ -223,7 +223,7 @@ class FrameReader {
   // waiting for a CPU (the spin then yields at every look instead of pausing).
   void SpinAfterAnswers(SpinWait* spin, std::function<bool()> others_need_cpu = {}) {
     spin_ = spin;
-    others_need_cpu_ = std::move(others_need_cpu);
+    others_need_cpu_ = others_need_cpu ? std::move(others_need_cpu) : [] { return false; };
   }
   // From here on the frames come through `ring` (not owned; it outlives the reader's use) and
   // the socket only rings its doorbell and brings the descriptors of frames flagged

@@ -63,8 +63,9 @@ class SpinWait {
   // `budget`, GMUX_SPIN_YIELD_US and the calling thread's CPU affinity.
   static SpinWait ForThisThread(std::chrono::microseconds budget);
 
-  // Before sleeping for a message on `fd`: spins (poll, sched_yield) until `fd` is readable or
-  // the budget is spent, if the policy says it is worth it. True when `fd` became readable.
+  // Before sleeping for a message on `fd`: spins (poll, pausing and yielding as WaitFor does)
+  // until `fd` is readable or the budget is spent, if the policy says it is worth it. True when
+  // `fd` became readable.
   bool Wait(int fd);
   // The same, spinning until `ready()` (say, the reply ring has bytes: no system call per
   // turn, or a read that found something).
