@@ -1,5 +1,7 @@
 #include "daemon/worker_queue.h"
 
+#include "common/cpu_apart.h"
+
 #include "proto/shm_ring.h"
 
 #include <poll.h>
@@ -114,6 +116,8 @@ void WorkerQueue::RunOrPost(Mailbox::Task t, bool device_callback) {
     if (mailbox_.Empty()) break;
   }
   inline_runners_.fetch_sub(1);
+  // A backend's thread that runs beside the spinning client delays it (common/cpu_apart.h).
+  if (device_callback) CpuApart::CheckThisThread();
 }
 
 void WorkerQueue::Submit(std::vector<std::shared_ptr<Command>> cmds) {

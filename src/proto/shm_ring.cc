@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -26,6 +27,7 @@ struct ShmRing::Header {
   alignas(64) std::atomic<uint32_t> consumer_sleeping;
   alignas(64) std::atomic<uint32_t> producer_waiting;
   std::atomic<uint32_t> space_seq;
+  alignas(64) std::atomic<uint32_t> producer_cpu;  // the producer's CPU + 1; 0: not said
 };
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -184,6 +186,13 @@ Status ShmRing::Write(iovec* iov, size_t count, size_t* first,
       }
     }
     if (wrote) {
+      // Where the producer runs (the consumer keeps its own spinning thread off that CPU:
+      // common/cpu_apart.h). Written only when it changed, so the line stays in both caches.
+      const int cpu = ::sched_getcpu();
+      if (cpu >= 0 && cpu != cpu_) {
+        cpu_ = cpu;
+        h->producer_cpu.store(static_cast<uint32_t>(cpu) + 1, std::memory_order_relaxed);
+      }
       // seq_cst on both sides (here and in WaitReadable): the consumer either sees the bytes
       // before it sleeps or has said it sleeps before they were published.
       h->head.store(position_, std::memory_order_seq_cst);
@@ -237,6 +246,11 @@ Result<size_t> ShmRing::Read(uint8_t* to, size_t n) {
 
 bool ShmRing::Readable() const {
   return header()->head.load(std::memory_order_acquire) != position_;
+}
+
+int ShmRing::ProducerCpu() const {
+  const uint32_t v = header()->producer_cpu.load(std::memory_order_relaxed);
+  return v == 0 || v > CPU_SETSIZE ? -1 : static_cast<int>(v - 1);
 }
 
 bool ShmRing::WaitReadable(int timeout_ms, bool* closed) {

@@ -22,6 +22,7 @@
 //   128  u64 tail: bytes read so far (the consumer's)
 //   192  u32 consumer_sleeping: the consumer is about to wait on the socket (doorbell wanted)
 //   256  u32 producer_waiting, u32 space_seq: the producer waits for room (futex on space_seq)
+//   320  u32 producer_cpu: the CPU the producer last wrote from, + 1 (0: not said; a hint only)
 //
 // The bytes of stream offset x lie at kRingHeaderBytes + (x mod capacity). Neither side reads
 // its own position back from shared memory (its private count is the truth), and each checks
@@ -93,6 +94,9 @@ class ShmRing {
   Result<size_t> Read(uint8_t* to, size_t n);
   // Whether bytes are there to read.
   bool Readable() const;
+  // The CPU the producer's last write came from (-1: not said, or not a CPU number). A hint the
+  // producer controls: use it only to place this process's own threads.
+  int ProducerCpu() const;
   // Waits for bytes: true when there are some; false when `timeout_ms` (-1: none) passed, or
   // the socket says the producer is gone (`*closed` then true; what it wrote before is still
   // readable). Drains doorbells (and keeps the descriptors that came with them).
@@ -124,6 +128,7 @@ class ShmRing {
   size_t capacity_ = 0;
   int socket_ = -1;      // not owned
   uint64_t position_ = 0;  // the producer's head, or the consumer's tail: never read back
+  int cpu_ = -1;           // the producer's CPU as last written to the header
   std::atomic<bool> closed_{false};
   const char* what_;         // "reply ring" or "request ring", for messages
   std::deque<int> passed_;   // descriptors that came on the socket, not yet taken (consumer)

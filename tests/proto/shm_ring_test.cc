@@ -1,6 +1,7 @@
 #include "proto/shm_ring.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -172,6 +173,38 @@ TEST(ShmRingTest, AReadPositionOutsideTheStreamEndsTheSession) {
   // The socket is shut: the worker's reader (and the client) see the end.
   char c;
   EXPECT_EQ(::recv(pair.sv[1], &c, 1, 0), 0);
+  ::munmap(p, kRingHeaderBytes);
+}
+
+TEST(ShmRingTest, TheConsumerSeesWhichCpuTheProducerWroteFrom) {
+  RequestPair pair(/*keep_fd=*/true);
+  EXPECT_EQ(pair.consumer->ProducerCpu(), -1) << "nothing written yet";
+  std::thread producer([&] {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &allowed)) continue;
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+      const uint8_t byte = 7;
+      ASSERT_TRUE(WriteBytes(*pair.producer, &byte, 1, Clock::time_point::max()).ok());
+      EXPECT_EQ(pair.consumer->ProducerCpu(), cpu);
+      uint8_t got = 0;
+      ASSERT_EQ(*pair.consumer->Read(&got, 1), 1u);
+    }
+  });
+  producer.join();
+  // The client controls the word: a value that is no CPU number reads as unknown.
+  void* p = ::mmap(nullptr, kRingHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   pair.spare_fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  for (uint32_t bogus : {0u, static_cast<uint32_t>(CPU_SETSIZE) + 1, 0xFFFFFFFFu}) {
+    std::memcpy(static_cast<uint8_t*>(p) + 320, &bogus, sizeof(bogus));
+    EXPECT_EQ(pair.consumer->ProducerCpu(), -1) << bogus;
+  }
   ::munmap(p, kRingHeaderBytes);
 }
 
