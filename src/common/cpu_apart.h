@@ -31,25 +31,42 @@ class CpuApart {
  public:
   static constexpr std::chrono::milliseconds kMinInterval{5};
   // A move that took longer found the other CPUs busy (a thread that does not yield ran there,
-  // and this one waited for its time slice): the thread goes back beside its peer, and the
-  // process's threads try again only after kFirstBackOff, twice that after a second slow move
-  // in a row, and so on up to kMaxBackOff. (Moves took 6-40 us on the 2-core VM; one onto the
-  // CPU of a CPU-bound loop, 1.5-12 ms.)
+  // and this one waited for its time slice): the thread goes back beside its peer, and tries
+  // again only after kFirstBackOff, twice that after a second failed move in a row (slow, or
+  // not sticking: kStick), and so on up to kMaxBackOff. (Moves took 6-40 us on the 2-core VM;
+  // one onto the CPU of a CPU-bound loop, 1.5-12 ms.)
   static constexpr std::chrono::microseconds kSlowMove{200};
   static constexpr std::chrono::milliseconds kFirstBackOff{50};
   static constexpr std::chrono::milliseconds kMaxBackOff{5000};
+  // A thread found on its peer's CPU again sooner than this after a quick move was put back by
+  // the scheduler: the move counts as failed, as a slow one does.
+  static constexpr std::chrono::milliseconds kStick{100};
+  // With more runnable threads than two per CPU there is nowhere to go: the thread looks again
+  // after this long.
+  static constexpr std::chrono::milliseconds kBusyRetry{50};
 
-  // The wait after slow moves, shared by the threads that move for one peer.
+  // The wait after failed moves: the thread's own, or one that threads share (tests).
   struct BackOff {
     std::atomic<int64_t> next_ns{0};  // steady clock: no move before
-    std::atomic<int64_t> wait_ms{0};  // after the last slow move (0: the last move was quick)
+    std::atomic<int64_t> wait_ms{0};  // after the last failed move (0: none in a row)
   };
-  static BackOff& ProcessBackOff();
 
-  explicit CpuApart(std::chrono::milliseconds min_interval = kMinInterval,
-                    BackOff* back_off = &ProcessBackOff(),
-                    std::chrono::nanoseconds slow_move = kSlowMove)
-      : min_interval_(min_interval), back_off_(back_off), slow_move_(slow_move) {}
+  // The threads runnable now in the whole system (/proc/loadavg's "R" of "R/T"); -1 when it
+  // cannot be read.
+  static int RunnableThreads();
+
+  struct Options {
+    std::chrono::milliseconds min_interval = kMinInterval;
+    BackOff* back_off = nullptr;  // null: its own
+    std::chrono::nanoseconds slow_move = kSlowMove;
+    int (*runnable)() = &RunnableThreads;  // tests give their own count
+  };
+  CpuApart() : CpuApart(Options{}) {}
+  explicit CpuApart(const Options& o) : o_(o) {
+    if (o_.back_off == nullptr) o_.back_off = &own_back_off_;
+  }
+  CpuApart(const CpuApart&) = delete;
+  CpuApart& operator=(const CpuApart&) = delete;
 
   // Whether the environment allows it: GMUX_CPU_APART=0 turns it off (comparisons). Read once.
   static bool Enabled();
@@ -68,14 +85,21 @@ class CpuApart {
   // For tests: moves so far, and those that went back.
   uint64_t moves() const { return moves_; }
   uint64_t slow_moves() const { return slow_moves_; }
+  // Collisions left alone because the system was busy, or because the last move did not stick.
+  uint64_t busy() const { return busy_; }
+  uint64_t unstuck() const { return unstuck_; }
 
  private:
-  std::chrono::milliseconds min_interval_;
-  BackOff* back_off_;
-  std::chrono::nanoseconds slow_move_;
+  Options o_;
+  BackOff own_back_off_;
   int64_t next_ns_ = 0;  // steady clock: this thread tries no move before
   uint64_t moves_ = 0;
   uint64_t slow_moves_ = 0;
+  uint64_t busy_ = 0;
+  uint64_t unstuck_ = 0;
+  int64_t last_move_ns_ = 0;  // steady clock: this thread's last quick move (0: none pending)
+
+  void BackOffLonger();
 };
 
 }  // namespace gmux

@@ -1021,7 +1021,6 @@ Status Session::Serve() {
   // While its commands run, the backend's threads may need this thread's CPU: it then yields
   // at every look (proto/spin_wait.h).
   reader.SpinAfterAnswers(&spin, [this] { return sink_.DeviceRunning(); });
-  const bool spins = spin.WillSpin();
   for (;;) {
     if (passed_fd_ >= 0) ::close(passed_fd_);  // a descriptor no request took
     passed_fd_ = -1;
@@ -1035,8 +1034,11 @@ Status Session::Serve() {
     if (!msg.ok()) return msg.status();
     GMUX_STAGE(1);
     // Two threads spinning for each other's messages on one CPU slow both (common/cpu_apart.h).
-    if (reader.ring() != nullptr && spins) {
-      CpuApart::SetPeerCpu(reader.ring()->ProducerCpu());
+    // Only while requests come quickly enough for this thread to spin for them: a client whose
+    // calls are far apart (or many tenants on few CPUs) sleeps between them, and then sharing
+    // its CPU costs nothing.
+    if (reader.ring() != nullptr) {
+      CpuApart::SetPeerCpu(spin.WillSpin() ? reader.ring()->ProducerCpu() : -1);
       CpuApart::CheckThisThread();
     }
     RefreshLimits();
