@@ -118,7 +118,8 @@ bool CpuApart::Check(int peer_cpu) {
 }
 
 void CpuApart::BackOffLonger() {
-  // Each failed move in a row doubles the wait before the process's threads try again.
+  // Each failed move in a row doubles the wait before a thread sharing this back-off tries
+  // again.
   const int64_t was = o_.back_off->wait_ms.load(std::memory_order_relaxed);
   const int64_t wait_ms =
       was == 0 ? kFirstBackOff.count() : std::min<int64_t>(was * 2, kMaxBackOff.count());
