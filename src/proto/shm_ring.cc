@@ -128,7 +128,9 @@ Result<std::unique_ptr<ShmRing>> ShmRing::OpenProducer(int fd, size_t capacity, 
 
 Result<std::unique_ptr<ShmRing>> ShmRing::CreateProducer(size_t capacity, int socket,
                                                          int* pass_fd) {
-  return Create("request ring", "gmux-requests", capacity, socket, pass_fd);
+  auto ring = Create("request ring", "gmux-requests", capacity, socket, pass_fd);
+  if (ring.ok()) (*ring)->says_cpu_ = true;
+  return ring;
 }
 
 Result<std::unique_ptr<ShmRing>> ShmRing::OpenConsumer(int fd, size_t capacity, int socket) {
@@ -186,9 +188,9 @@ Status ShmRing::Write(iovec* iov, size_t count, size_t* first,
       }
     }
     if (wrote) {
-      // Where the producer runs (the consumer keeps its own spinning thread off that CPU:
+      // Where the client runs (its worker keeps its own threads off that CPU:
       // common/cpu_apart.h). Written only when it changed, so the line stays in both caches.
-      const int cpu = ::sched_getcpu();
+      const int cpu = says_cpu_ ? ::sched_getcpu() : -1;
       if (cpu >= 0 && cpu != cpu_) {
         cpu_ = cpu;
         h->producer_cpu.store(static_cast<uint32_t>(cpu) + 1, std::memory_order_relaxed);

@@ -22,7 +22,8 @@
 //   128  u64 tail: bytes read so far (the consumer's)
 //   192  u32 consumer_sleeping: the consumer is about to wait on the socket (doorbell wanted)
 //   256  u32 producer_waiting, u32 space_seq: the producer waits for room (futex on space_seq)
-//   320  u32 producer_cpu: the CPU the producer last wrote from, + 1 (0: not said; a hint only)
+//   320  u32 producer_cpu: the CPU the producer last wrote from, + 1 (0: not said; a hint only;
+//        written by a request ring's producer, the client, for its worker)
 //
 // The bytes of stream offset x lie at kRingHeaderBytes + (x mod capacity). Neither side reads
 // its own position back from shared memory (its private count is the truth), and each checks
@@ -128,6 +129,7 @@ class ShmRing {
   size_t capacity_ = 0;
   int socket_ = -1;      // not owned
   uint64_t position_ = 0;  // the producer's head, or the consumer's tail: never read back
+  bool says_cpu_ = false;  // a request ring's producer: writes its CPU into the header
   int cpu_ = -1;           // the producer's CPU as last written to the header
   std::atomic<bool> closed_{false};
   const char* what_;         // "reply ring" or "request ring", for messages

@@ -197,6 +197,11 @@ TEST(ShmRingTest, TheConsumerSeesWhichCpuTheProducerWroteFrom) {
     }
   });
   producer.join();
+  // A reply ring's producer (the worker) says nothing: its client has no use for it.
+  Pair replies;
+  const uint8_t byte = 7;
+  ASSERT_TRUE(WriteBytes(*replies.producer, &byte, 1, Clock::time_point::max()).ok());
+  EXPECT_EQ(replies.consumer->ProducerCpu(), -1);
   // The client controls the word: a value that is no CPU number reads as unknown.
   void* p = ::mmap(nullptr, kRingHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
                    pair.spare_fd, 0);

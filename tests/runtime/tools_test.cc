@@ -59,12 +59,12 @@ TEST(ToolsTest, GmuxBenchRunsEndToEndWithSmallSizes) {
     EXPECT_GE(j["status_poll_us"][p]["p99"].get<double>(),
               j["status_poll_us"][p]["p50"].get<double>()) << p;
     EXPECT_GT(j["matmul_ms"][p].get<double>(), 0) << p;
-    EXPECT_GT(j["matmul_pair_ratio"].get<double>(), 0);
     // The many-clients run: two processes at once on each platform.
     EXPECT_GT(j["clients"][p]["per_s"].get<double>(), 0) << p;
     EXPECT_GE(j["clients"][p]["p99_us"].get<double>(), j["clients"][p]["p50_us"].get<double>());
   }
   EXPECT_EQ(j["clients"]["count"], 2);
+  EXPECT_GT(j["matmul_pair_ratio"].get<double>(), 0);
   ASSERT_EQ(j["transfers"].size(), 2u);
   EXPECT_EQ(j["transfers"][0]["bytes"], 4096);
   EXPECT_EQ(j["transfers"][1]["bytes"], 65536);

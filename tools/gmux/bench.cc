@@ -831,18 +831,16 @@ int RunBench(const BenchOptions& o) {
       out["pipelined_per_s"][names[i]] = Median(rate[i]);
       out["matmul_ms"][names[i]] = Median(mms[i]);
       out["matmul_n"] = mm;
-      if (i == 1) {
-        // Each repeat's two multiplies run back to back: their ratio, median over the repeats,
-        // is less moved by the host's speed drifting between repeats than the medians' ratio.
-        std::vector<double> pairs;
-        for (size_t r = 0; r < mms[0].size() && r < mms[1].size(); ++r) {
-          if (mms[0][r] > 0) pairs.push_back(mms[1][r] / mms[0][r]);
-        }
-        out["matmul_pair_ratio"] = pairs.empty() ? 0.0 : Median(pairs);
-      }
       out["create_release_us"][names[i]] = Median(allocs[i]);
       out["work_group_query_us"][names[i]] = Median(wgq[i]);
     }
+    // Each repeat's two multiplies run back to back: their ratio, median over the repeats, is
+    // less moved by the host's speed drifting between repeats than the medians' ratio.
+    std::vector<double> pairs;
+    for (size_t r = 0; r < mms[0].size() && r < mms[1].size(); ++r) {
+      if (mms[0][r] > 0) pairs.push_back(mms[1][r] / mms[0][r]);
+    }
+    out["matmul_pair_ratio"] = pairs.empty() ? 0.0 : Median(pairs);
     if (clients > 0) {
       out["clients"] = {{"count", clients}, {"seconds", client_s}};
       for (int i = 0; i < 2; ++i) {
